@@ -1,0 +1,26 @@
+# Two commands: `make test` runs the suite, `make demo` runs the embedded demo.
+# Each sets itself up on a fresh machine: a .venv, torch first, then the package.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+EXTRAS ?= dev
+# torch is installed first and pinned so pip never pulls a CUDA build by accident.
+# On a GPU machine: TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" make test
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed-$(EXTRAS)
+
+.PHONY: test demo lint setup
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check grpo tests examples bench

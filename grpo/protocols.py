@@ -1,0 +1,118 @@
+"""The contracts a user's models satisfy (seed 004, "Base Interfaces").
+
+Policies and reward models are duck-typed: any object with the methods below
+works, no inheritance needed. `validate_policy_model` / `validate_reward_model`
+check an object up front and raise a `TypeError` that lists what is missing,
+in seed 004's format.
+
+Beyond seed 004, a policy may offer token-level log-probabilities
+(`TokenLevelPolicy`); the objective then uses token-level losses and masks.
+A policy that offers only `get_log_probabilities` is treated as T = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from torch import Tensor
+
+__all__ = [
+    "PolicyModel",
+    "RewardModel",
+    "TokenLevelPolicy",
+    "TokenLogProbs",
+    "validate_policy_model",
+    "validate_reward_model",
+    "POLICY_METHODS",
+    "REWARD_METHODS",
+]
+
+POLICY_METHODS = (
+    "generate_actions",
+    "get_log_probabilities",
+    "get_parameters",
+    "train",
+    "eval",
+    "to",
+)
+REWARD_METHODS = ("compute_rewards", "to", "eval", "train")
+
+
+@runtime_checkable
+class PolicyModel(Protocol):
+    """A policy π_θ(action | state) that can sample and score actions."""
+
+    def generate_actions(
+        self, states: list[Any], num_actions_per_state: int, **kwargs: Any
+    ) -> list[list[Any]]:
+        """Sample `num_actions_per_state` actions for each state: (B,) -> (B, G)."""
+        ...
+
+    def get_log_probabilities(self, states: list[Any], actions: list[Any]) -> Tensor:
+        """log π_θ(action_i | state_i) for aligned lists of length N -> (N,)."""
+        ...
+
+    def get_parameters(self) -> dict[str, Tensor]:
+        """The trainable parameters, by name."""
+        ...
+
+    def train(self) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def to(self, device: Any) -> Any: ...
+
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """Scores state-action pairs: aligned lists of length N -> (N,) rewards."""
+
+    def compute_rewards(self, states: list[Any], actions: list[Any]) -> Tensor: ...
+
+    def to(self, device: Any) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self) -> Any: ...
+
+
+class TokenLogProbs(NamedTuple):
+    """Per-token log-probabilities of N sampled actions of up to T tokens."""
+
+    logprobs: Tensor  # (N, T) float, log π(token_t | state, tokens_<t)
+    completion_mask: Tensor  # (N, T) bool, True = a token the loss counts
+    entropy: Tensor | None = None  # (N, T) float, entropy of π at each position
+
+
+@runtime_checkable
+class TokenLevelPolicy(Protocol):
+    """Optional extension: a policy whose actions are token sequences."""
+
+    def get_token_log_probabilities(
+        self, states: Sequence[Any], actions: Sequence[Any]
+    ) -> TokenLogProbs: ...
+
+
+def _missing(obj: object, required: Sequence[str]) -> list[str]:
+    return [name for name in required if not callable(getattr(obj, name, None))]
+
+
+def _validate(obj: object, protocol_name: str, required: Sequence[str]) -> None:
+    missing = _missing(obj, required)
+    if missing:
+        raise TypeError(
+            f"Model {type(obj).__name__} does not implement {protocol_name} protocol.\n"
+            f"Missing methods: {', '.join(missing)}\n"
+            f"Required methods: {', '.join(required)}"
+        )
+
+
+def validate_policy_model(obj: object) -> None:
+    """Raise `TypeError` naming every `PolicyModel` method `obj` lacks."""
+    _validate(obj, "PolicyModel", POLICY_METHODS)
+
+
+def validate_reward_model(obj: object) -> None:
+    """Raise `TypeError` naming every `RewardModel` method `obj` lacks."""
+    _validate(obj, "RewardModel", REWARD_METHODS)

@@ -37,7 +37,7 @@ class ExperienceBatch(NamedTuple):
 
     def flat_states(self) -> list[Any]:
         """(N,) each state repeated once per action, in sample order."""
-        return [s for s, group in zip(self.states, self.action_groups) for _ in group]
+        return [s for s, group in zip(self.states, self.action_groups, strict=True) for _ in group]
 
     def flat_actions(self) -> list[Any]:
         """(N,) actions in sample order."""

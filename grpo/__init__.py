@@ -1,0 +1,66 @@
+"""grpo: Group-Relative Policy Optimisation for any policy you can sample and score.
+
+The public API follows seed 004: bring a `PolicyModel` and a `RewardModel`
+(duck-typed, see `grpo.protocols`), build a `GRPOTrainer`, call `train_step`.
+
+Names are resolved lazily so that `import grpo` stays cheap: torch is imported
+only when a name below is first used, and transformers never by this module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "GRPOTrainer": "grpo.trainer",
+    "GRPOConfig": "grpo.config",
+    "PolicyModel": "grpo.protocols",
+    "RewardModel": "grpo.protocols",
+    "TokenLevelPolicy": "grpo.protocols",
+    "TokenLogProbs": "grpo.protocols",
+    "validate_policy_model": "grpo.protocols",
+    "validate_reward_model": "grpo.protocols",
+    "ExperienceBatch": "grpo.records",
+}
+
+__all__ = [
+    "ExperienceBatch",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "PolicyModel",
+    "RewardModel",
+    "TokenLevelPolicy",
+    "TokenLogProbs",
+    "validate_policy_model",
+    "validate_reward_model",
+]
+
+if TYPE_CHECKING:  # pragma: no cover - for static type checkers only
+    from grpo.config import GRPOConfig
+    from grpo.protocols import (
+        PolicyModel,
+        RewardModel,
+        TokenLevelPolicy,
+        TokenLogProbs,
+        validate_policy_model,
+        validate_reward_model,
+    )
+    from grpo.records import ExperienceBatch
+    from grpo.trainer import GRPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

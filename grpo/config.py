@@ -1,0 +1,150 @@
+"""`GRPOConfig`: every hyper-parameter of `GRPOTrainer`, in one validated dataclass.
+
+The first nine fields and their defaults are seed 004's. The rest select the
+variants of `grpo.functional` (loss, aggregation, KL estimator, advantage
+baseline and scale) and fix the semantics seed 004 leaves open:
+
+- `batch_size` is the number of *samples* (state-action pairs) per mini-batch,
+  not states. Mini-batches are drawn from the N = B * G samples of a rollout
+  after shuffling at the sample level.
+- `gradient_accumulation_steps` mini-batches are summed into one optimizer
+  step; with the default 1 there is one optimizer step per mini-batch, as in
+  PPO. Each mini-batch's loss is weighted by its share of the samples in its
+  accumulation window, so for per-sample-mean losses an accumulated step equals
+  one step on the concatenated window.
+- `normalize_advantages=True` divides by the *group* standard deviation (the
+  GRPO paper's choice). Seed 004's text describes scaling across the whole
+  batch; that is `advantage_scale="batch"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.functional.advantages import BASELINES, SCALES
+from grpo.functional.kl import KL_ESTIMATORS
+from grpo.functional.losses import AGGREGATIONS, POLICY_LOSSES
+
+__all__ = ["GRPOConfig"]
+
+
+@dataclass
+class GRPOConfig:
+    """Hyper-parameters of one GRPO run (seed 004 section 4.2, plus variants)."""
+
+    group_size: int = 4
+    """G: actions sampled per state. At least 2, or no action has a competitor."""
+    batch_size: int = 64
+    """Samples (state-action pairs) per mini-batch during optimisation."""
+    num_epochs_per_update: int = 4
+    """Passes over each collected rollout (PPO-style reuse of one batch)."""
+    clip_epsilon: float = 0.2
+    """Lower clip range: the ratio is clipped to [1 - clip_epsilon, 1 + clip_epsilon_high]."""
+    kl_coeff: float = 0.04
+    """Weight of the KL penalty to the reference policy; 0 builds no reference at all."""
+    entropy_coeff: float = 0.01
+    """Weight of the entropy bonus; needs a policy that reports its entropy."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value; None leaves gradients unclipped."""
+    normalize_advantages: bool = True
+    """Divide advantages by a standard deviation (see `advantage_scale`)."""
+    ref_update_frequency: int = 1
+    """Copy the policy into the reference every this many steps; 0 = never."""
+
+    advantage_epsilon: float = 1e-4
+    """Added to the standard deviation so that a group of equal rewards does not divide by 0."""
+    advantage_baseline: str = "mean"
+    """What is subtracted from each reward: a key of `grpo.functional.BASELINES`."""
+    advantage_scale: str | None = None
+    """Key of `grpo.functional.SCALES`; None = "group" if normalize_advantages else "none"."""
+    advantage_positive_only: bool = False
+    """Zero every negative advantage (learn only from better-than-baseline actions)."""
+    loss_type: str = "clipped"
+    """Per-token surrogate: a key of `grpo.functional.POLICY_LOSSES`."""
+    aggregation: str = "sequence_mean"
+    """How token losses become one number: a key of `grpo.functional.AGGREGATIONS`."""
+    kl_estimator: str = "k3"
+    """Estimator of KL(π_θ || π_ref): a key of `grpo.functional.KL_ESTIMATORS`."""
+    clip_epsilon_high: float | None = None
+    """Upper clip range (DAPO's clip-higher); None = same as clip_epsilon."""
+    max_completion_length: int | None = None
+    """Denominator of the "constant_length" aggregation (Dr. GRPO); required by it."""
+    gradient_accumulation_steps: int = 1
+    """Mini-batches whose gradients are summed into one optimizer step."""
+    learning_rate: float = 1e-4
+    """Adam learning rate, used only when the trainer builds its own optimizer."""
+    seed: int = 0
+    """Seeds the trainer's mini-batch shuffling generator (saved in checkpoints)."""
+
+    def __post_init__(self) -> None:
+        if self.advantage_scale is None:
+            self.advantage_scale = "group" if self.normalize_advantages else "none"
+        elif not self.normalize_advantages and self.advantage_scale != "none":
+            raise ValueError(
+                f"advantage_scale={self.advantage_scale!r} contradicts "
+                "normalize_advantages=False; leave advantage_scale unset or set it to 'none'"
+            )
+        _check_int(self, "group_size", minimum=2)
+        _check_int(self, "batch_size", minimum=1)
+        _check_int(self, "num_epochs_per_update", minimum=1)
+        _check_int(self, "ref_update_frequency", minimum=0)
+        _check_int(self, "gradient_accumulation_steps", minimum=1)
+        _check_int(self, "seed", minimum=0)
+        for name in ("clip_epsilon", "kl_coeff", "entropy_coeff", "learning_rate"):
+            _check_number(self, name, minimum=0.0, inclusive=name != "learning_rate")
+        _check_number(self, "advantage_epsilon", minimum=0.0, inclusive=True)
+        for name in ("max_grad_norm", "clip_epsilon_high"):
+            if getattr(self, name) is not None:
+                _check_number(self, name, minimum=0.0, inclusive=False)
+        if self.max_completion_length is not None:
+            _check_int(self, "max_completion_length", minimum=1)
+        _check_choice(self, "advantage_baseline", BASELINES)
+        _check_choice(self, "advantage_scale", SCALES)
+        _check_choice(self, "loss_type", POLICY_LOSSES)
+        _check_choice(self, "aggregation", AGGREGATIONS)
+        _check_choice(self, "kl_estimator", KL_ESTIMATORS)
+        if self.aggregation == "constant_length" and self.max_completion_length is None:
+            raise ValueError(
+                "aggregation='constant_length' needs max_completion_length "
+                "(the fixed denominator), got None"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> GRPOConfig:
+        """Build a config from a mapping (e.g. parsed YAML); unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"GRPOConfig got unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"allowed keys: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-type copy of every field (JSON/YAML-safe)."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(config: GRPOConfig, name: str, *, minimum: int) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(config: GRPOConfig, name: str, *, minimum: float, inclusive: bool) -> None:
+    value = getattr(config, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value >= minimum if inclusive else value > minimum) and value < float("inf")
+    if not ok:
+        bound = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be a finite number {bound} {minimum}, got {value!r}")
+
+
+def _check_choice(config: GRPOConfig, name: str, table: Mapping[str, Any]) -> None:
+    value = getattr(config, name)
+    if value not in table:
+        raise ValueError(f"{name} must be one of {', '.join(sorted(table))}; got {value!r}")

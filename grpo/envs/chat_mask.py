@@ -1,0 +1,135 @@
+"""Assistant-token masks for multi-turn conversations, by incremental tokenisation.
+
+The loss of a multi-turn episode counts the assistant's tokens only. Seed 003
+finds them by encoding ``messages[:1]``, ``messages[:2]``, ... with the chat
+template and marking where each assistant message adds tokens. That is only
+right when the template is *append-only*: rendering a longer conversation
+must start with exactly the tokens of the shorter one. Templates that rewrite
+earlier turns (dropping past reasoning, moving a system prompt, a tokenizer
+merging characters across a message boundary) break it and silently shift the
+mask onto the wrong tokens.
+
+This module checks that property at every step and raises
+`ChatTemplateError` naming the message whose rendering changed earlier tokens,
+so a misaligned mask is never returned. Departures from seed 003:
+- an assistant message's span starts after the template's generation prompt
+  (``add_generation_prompt=True``), so role headers the model never sampled are
+  not counted; the span ends where the template ends the message (end-of-turn
+  tokens are counted: the model sampled them);
+- when the sampled token ids of the assistant turns are given (token-in/token-out),
+  they replace the template's re-tokenisation of those turns, so the sequence
+  trained on holds exactly what was sampled even if re-tokenising the text
+  would give other ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from grpo.envs.base import EpisodeRollout, Message
+
+__all__ = [
+    "ChatTemplateError",
+    "ChatTokens",
+    "encode_chat",
+    "rollout_tokens",
+    "tokenize_with_assistant_mask",
+]
+
+
+class ChatTemplateError(ValueError):
+    """The chat template is not append-only, so incremental masks would be misaligned."""
+
+
+class ChatTokens(NamedTuple):
+    """A tokenised conversation."""
+
+    input_ids: list[int]  # (L,) the whole conversation
+    assistant_mask: list[bool]  # (L,) True = a token of an assistant message (counted by the loss)
+
+
+def encode_chat(
+    tokenizer: Any, messages: Sequence[Message], *, add_generation_prompt: bool = False
+) -> list[int]:
+    """Token ids of `messages` rendered with the tokenizer's chat template."""
+    ids = tokenizer.apply_chat_template(
+        list(messages),
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
+    )
+    if hasattr(ids, "keys"):  # some versions return a BatchEncoding regardless
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _check_prefix(prefix: list[int], longer: list[int], index: int, what: str) -> None:
+    if longer[: len(prefix)] == prefix:
+        return
+    position = next(
+        (k for k, (a, b) in enumerate(zip(prefix, longer, strict=False)) if a != b),
+        min(len(prefix), len(longer)),
+    )
+    raise ChatTemplateError(
+        f"the chat template is not append-only at messages[{index}]: rendering {what} "
+        f"changes the tokens of the conversation before it (first difference at token "
+        f"{position}); an assistant mask built by incremental tokenisation would be "
+        "misaligned. Use an append-only chat template (one that never rewrites earlier "
+        "messages), or train on single-turn prompts."
+    )
+
+
+def tokenize_with_assistant_mask(
+    tokenizer: Any,
+    messages: Sequence[Message],
+    *,
+    action_token_ids: Sequence[Sequence[int]] | None = None,
+) -> ChatTokens:
+    """Input ids of the conversation and the mask of its assistant tokens, checked for alignment.
+
+    `action_token_ids`, when given, holds the sampled ids of each assistant message
+    in order; they are used for those spans instead of the template's tokens.
+    """
+    messages = list(messages)
+    if not messages or messages[0].get("role") == "assistant":
+        raise ValueError("messages must be non-empty and start with a non-assistant message")
+    num_assistant = sum(m.get("role") == "assistant" for m in messages)
+    if action_token_ids is not None and len(action_token_ids) != num_assistant:
+        raise ValueError(
+            f"action_token_ids must hold one id list per assistant message, got "
+            f"{len(action_token_ids)} for {num_assistant}"
+        )
+    input_ids: list[int] = []
+    mask: list[bool] = []
+    rendered: list[int] = []  # the template's tokens of messages[:i]
+    turn = 0
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            header = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
+            _check_prefix(rendered, header, i, f"the generation prompt after messages[:{i}]")
+            input_ids += header[len(rendered) :]
+            mask += [False] * (len(header) - len(rendered))
+            full = encode_chat(tokenizer, messages[: i + 1])
+            _check_prefix(header, full, i, f"messages[:{i + 1}]")
+            span = full[len(header) :]
+            if action_token_ids is not None:
+                span = [int(t) for t in action_token_ids[turn]]  # what was actually sampled
+            turn += 1
+            input_ids += span
+            mask += [True] * len(span)
+        else:
+            full = encode_chat(tokenizer, messages[: i + 1])
+            _check_prefix(rendered, full, i, f"messages[:{i + 1}]")
+            input_ids += full[len(rendered) :]
+            mask += [False] * (len(full) - len(rendered))
+        rendered = full
+    return ChatTokens(input_ids, mask)
+
+
+def rollout_tokens(
+    tokenizer: Any, rollout: EpisodeRollout, *, use_sampled_ids: bool = True
+) -> ChatTokens:
+    """`tokenize_with_assistant_mask` of an episode, with its sampled ids when it has them."""
+    ids = rollout.action_token_ids if use_sampled_ids else None
+    return tokenize_with_assistant_mask(tokenizer, rollout.messages, action_token_ids=ids)

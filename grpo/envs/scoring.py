@@ -1,0 +1,74 @@
+"""Whole-conversation log-probs of the assistant tokens (seed 003's multi-turn loss input).
+
+One forward pass per conversation: the input is the whole tokenised
+conversation (`grpo.envs.chat_mask`), the log-prob of token t + 1 comes from
+the logits at t (`grpo.functional.completion_logprobs`), and the mask is the
+assistant mask shifted by one, as seed 003 notes (``mask[1:]``, not ``mask[:-1]``).
+
+This is the cheap way to score an episode and the only one when the sampled
+token ids are unknown (a text-only inference engine). It is exact when the
+conversation the model sees at each turn is a prefix of the final one, which
+`tokenize_with_assistant_mask` checks for the template's own rendering; when
+the agent kept its sampled ids and the template ends a turn with a token other
+than the sampled EOS, `grpo.envs.agent.EpisodePolicy` (per-turn scoring) is the
+exact alternative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpo.envs.chat_mask import ChatTokens
+from grpo.functional.logprobs import completion_logprobs
+from grpo.protocols import TokenLogProbs
+
+__all__ = ["conversation_logprobs"]
+
+
+def conversation_logprobs(
+    model: nn.Module,
+    conversations: Sequence[ChatTokens],
+    *,
+    pad_token_id: int,
+    temperature: float = 1.0,
+) -> TokenLogProbs:
+    """Log-probs (N, L-1) of each conversation's tokens 1..L-1; mask = assistant tokens.
+
+    Conversations are right-padded to the longest length L; padded and
+    non-assistant positions have log-prob 0 and mask False.
+    """
+    if not conversations:
+        raise ValueError("conversations must hold at least one tokenised conversation")
+    for n, tokens in enumerate(conversations):
+        if len(tokens.input_ids) != len(tokens.assistant_mask) or len(tokens.input_ids) < 2:
+            raise ValueError(
+                f"conversations[{n}] must have input_ids and assistant_mask of one length >= 2, "
+                f"got {len(tokens.input_ids)} and {len(tokens.assistant_mask)}"
+            )
+    device = next(model.parameters()).device
+    L = max(len(tokens.input_ids) for tokens in conversations)
+    input_ids = torch.full((len(conversations), L), pad_token_id, dtype=torch.long)  # (N, L)
+    present = torch.zeros((len(conversations), L), dtype=torch.long)  # (N, L) 1 = real token
+    assistant = torch.zeros((len(conversations), L), dtype=torch.bool)  # (N, L)
+    for n, tokens in enumerate(conversations):
+        length = len(tokens.input_ids)
+        input_ids[n, :length] = torch.tensor(tokens.input_ids, dtype=torch.long)
+        present[n, :length] = 1
+        assistant[n, :length] = torch.tensor(tokens.assistant_mask, dtype=torch.bool)
+    input_ids, present, assistant = input_ids.to(device), present.to(device), assistant.to(device)
+    logits = _forward(model, input_ids, present)  # (N, L, V)
+    logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1)
+    # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
+    mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)
+    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient elsewhere
+    return TokenLogProbs(logprobs, mask)
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    # Right padding only: real tokens keep positions 0..length-1 without explicit position ids.
+    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return output.logits if hasattr(output, "logits") else output

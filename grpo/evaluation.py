@@ -1,0 +1,85 @@
+"""Held-out evaluation of a text policy: mean reward and task accuracy, greedy and sampled.
+
+`evaluate` generates completions for held-out prompt records with the policy's
+own `generate_actions` (greedy: `do_sample=False`, one completion per prompt;
+sampled: the policy's sampling settings, `samples_per_prompt` each), scores
+them with a `TextReward`, and optionally with an accuracy function that follows
+the reward contract `accuracy(prompts, completions, **columns) -> list[float | bool | None]`
+(1/True = correct; None = not scored, left out of the mean).
+
+Returns flat scalar metrics under "eval/<mode>/..." and a few samples (prompt,
+completion, reward) for the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from grpo.rewards.combine import TextReward
+
+__all__ = ["MODES", "evaluate"]
+
+# generation overrides per evaluation mode (None = the policy's own settings)
+MODES: dict[str, dict[str, Any]] = {"greedy": {"do_sample": False}, "sampled": {}}
+
+
+def evaluate(
+    policy: Any,
+    prompts: Sequence[Mapping[str, Any]],
+    reward: TextReward,
+    *,
+    accuracy: Callable[..., Sequence[Any]] | None = None,
+    modes: Sequence[str] = ("greedy", "sampled"),
+    samples_per_prompt: int = 1,
+    batch_size: int = 32,
+    num_logged_samples: int = 3,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Metrics {"eval/<mode>/reward_mean", ...} and up to `num_logged_samples` samples per mode."""
+    if not prompts:
+        raise ValueError("prompts is empty; evaluation needs at least one held-out prompt")
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"modes: got {mode!r}; allowed: {', '.join(MODES)}")
+    for name, value in (("samples_per_prompt", samples_per_prompt), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: got {value!r}; allowed: an integer >= 1")
+    judge = TextReward({"accuracy": accuracy}, all_none="zero") if accuracy is not None else None
+    metrics: dict[str, float] = {}
+    samples: list[dict[str, Any]] = []
+    for mode in modes:
+        k = 1 if mode == "greedy" else samples_per_prompt
+        states, actions = _generate(policy, prompts, k, batch_size, MODES[mode])
+        rewards, _ = reward.score(states, actions)  # (n,)
+        prefix = f"eval/{mode}"
+        metrics[f"{prefix}/reward_mean"] = rewards.double().mean().item()
+        metrics.update({f"{prefix}/{key}": v for key, v in reward.last_metrics.items()})
+        lengths = [len(getattr(a, "completion_ids", ())) for a in actions]
+        metrics[f"{prefix}/length_mean"] = sum(lengths) / len(lengths)
+        if judge is not None:
+            _, values = judge.score(states, actions)
+            scored = [v for v in values["accuracy"] if v is not None]
+            metrics[f"{prefix}/accuracy"] = sum(scored) / len(scored) if scored else float("nan")
+        for n in range(0, min(num_logged_samples * k, len(actions)), k):
+            samples.append({
+                "mode": mode,
+                "prompt": states[n].get("prompt") if isinstance(states[n], Mapping) else states[n],
+                "completion": getattr(actions[n], "text", actions[n]),
+                "reward": float(rewards[n]),
+            })  # fmt: skip
+    return metrics, samples
+
+
+def _generate(
+    policy: Any, prompts: Sequence[Mapping[str, Any]], k: int, batch_size: int, overrides: dict
+) -> tuple[list[Mapping[str, Any]], list[Any]]:
+    """k completions per prompt, in batches of prompts -> flat (states, actions)."""
+    states: list[Mapping[str, Any]] = []
+    actions: list[Any] = []
+    for start in range(0, len(prompts), batch_size):
+        batch = list(prompts[start : start + batch_size])
+        groups = policy.generate_actions(batch, k, **overrides)
+        for state, group in zip(batch, groups):
+            states.extend([state] * len(group))
+            actions.extend(group)
+    return states, actions

@@ -1,0 +1,365 @@
+"""`CausalLMPolicy`: a transformers causal LM as a GRPO policy (seed 004's `PolicyModel`).
+
+States are prompt records (a dict with "prompt" plus any dataset columns, or a
+bare prompt: a str, or a list of chat messages); actions are `Completion`
+records holding the sampled token ids. Sampling is in `sampling.py`.
+
+Scoring follows seeds 001 and 003: one forward pass over the left-padded
+prompt followed by the right-padded completion; the logits at position t score
+token t + 1 (`grpo.functional.completion_logprobs`), divided by the sampling
+temperature. Position ids are counted over real tokens only, so a row scores
+the same with or without left padding.
+
+Departures and choices:
+- The completion mask ends at the first EOS (counted); later tokens never
+  count and get log-prob 0 with no gradient. `mask_truncated_completions`
+  masks whole completions that hit max_new_tokens without finishing
+  (DAPO's overlong filtering, Yu et al. 2025).
+- Only the last T + 1 logits are computed (`logits_to_keep`) where the model
+  supports it, and rows go through in micro-batches, to bound memory.
+- Dropout is switched off by default (`disable_dropout`): with dropout, the
+  same tokens get different log-probs on every pass, and the importance
+  ratio π/π_old is noise even before any update.
+- The reference policy (`make_reference`) is a frozen deep copy, or, for a
+  PEFT model, a view running the same model with its adapters disabled.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from grpo.functional.logprobs import completion_logprobs, entropy_from_logits
+from grpo.policies.completion import Completion
+from grpo.policies.loading import (
+    LoraSettings,
+    apply_lora,
+    ensure_pad_token,
+    is_peft_model,
+    load_model_and_tokenizer,
+    save_model,
+)
+from grpo.policies.reference import AdapterDisabledReference
+from grpo.policies.sampling import (
+    GenerationSettings,
+    encode_prompt,
+    get_prompt,
+    left_pad,
+    sample_token_ids,
+    split_completion,
+)
+from grpo.protocols import TokenLogProbs
+
+__all__ = ["CausalLMPolicy", "CausalLMSettings"]
+
+
+@dataclass
+class CausalLMSettings:
+    """How a causal-LM policy samples and scores completions."""
+
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    """Sampling settings; its temperature is also the one log-probs are scored at."""
+    micro_batch_size: int = 8
+    """Rows per forward pass when scoring log-probs (bounds activation memory)."""
+    mask_truncated_completions: bool = False
+    """Give completions that hit max_new_tokens without EOS an all-False mask."""
+    compute_entropy: bool = True
+    """Also return the per-token entropy (for an entropy bonus, and the entropy metric)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them."""
+    disable_dropout: bool = True
+    """Set every dropout probability in the model to 0 (see the module docstring)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.generation, GenerationSettings):
+            raise TypeError(f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings")
+        mb = self.micro_batch_size
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
+
+
+class CausalLMPolicy:
+    """Samples `Completion`s from a causal LM and scores their tokens (PolicyModel + TokenLevelPolicy)."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, settings: CausalLMSettings | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = CausalLMSettings() if settings is None else settings
+        ensure_pad_token(tokenizer)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.context_length = _context_length(model)
+        self.rollout_metrics: dict[str, float] = {}
+        """Statistics of the last `generate_actions` call and of the last no-grad scoring."""
+        self._sampling_calls = 0
+        self._keeps_logits = "logits_to_keep" in inspect.signature(_base(model).forward).parameters
+        if self.settings.disable_dropout:
+            for module in model.modules():
+                if isinstance(module, nn.Dropout):
+                    module.p = 0.0
+        if self.settings.gradient_checkpointing:
+            _enable_checkpointing(model)
+            if is_peft_model(model):
+                model.enable_input_require_grads()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        settings: CausalLMSettings | None = None,
+        *,
+        lora: LoraSettings | None = None,
+        dtype: str = "auto",
+        device: str | torch.device | None = None,
+    ) -> CausalLMPolicy:
+        """Load model and tokenizer from a folder (or hub id), optionally wrapped with LoRA."""
+        model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
+        if lora is not None:
+            model = apply_lora(model, lora)
+        return cls(model, tokenizer, settings)
+
+    # ----------------------------------------------------------- PolicyModel
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def train(self) -> CausalLMPolicy:
+        self.model.train()
+        return self
+
+    def eval(self) -> CausalLMPolicy:
+        self.model.eval()
+        return self
+
+    def to(self, device: Any) -> CausalLMPolicy:
+        self.model.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def get_parameters(self) -> dict[str, Tensor]:
+        """Trainable parameters only (the LoRA adapters, for a PEFT model)."""
+        return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> Any:
+        return self.model.load_state_dict(state)
+
+    def encode_states(self, states: Sequence[Any]) -> list[list[int]]:
+        """Prompt token ids of each state; raises if a prompt leaves no room to generate."""
+        max_new = self.settings.generation.max_new_tokens
+        rows = []
+        for i, state in enumerate(states):
+            ids = encode_prompt(self.tokenizer, get_prompt(state, i))
+            if not ids:
+                raise ValueError(f"state {i}: the prompt encodes to no tokens")
+            if self.context_length is not None and len(ids) + max_new > self.context_length:
+                raise ValueError(
+                    f"state {i}: prompt of {len(ids)} tokens + max_new_tokens={max_new} exceeds "
+                    f"the model's context of {self.context_length} tokens; shorten the prompt "
+                    "or lower max_new_tokens"
+                )
+            rows.append(ids)
+        return rows
+
+    def generate_actions(
+        self, states: Sequence[Any], num_actions_per_state: int, **overrides: Any
+    ) -> list[list[Completion]]:
+        """Sample G completions per state -> B groups of G, sample n = i * G + j.
+
+        `overrides` replace `GenerationSettings` fields for this call only
+        (e.g. `do_sample=False` for greedy evaluation).
+        """
+        G = num_actions_per_state
+        if isinstance(G, bool) or not isinstance(G, int) or G < 1:
+            raise ValueError(f"num_actions_per_state: got {G!r}; allowed: an integer >= 1")
+        settings = self.settings.generation.replace(**overrides) if overrides else self.settings.generation
+        prompt_rows = self.encode_states(states)
+        rows = [ids for ids in prompt_rows for _ in range(G)]  # (N,) groups contiguous
+        seed = None if settings.seed is None else settings.seed + self._sampling_calls
+        self._sampling_calls += 1
+        was_training = self.model.training
+        self.model.eval()  # seed 001: no dropout noise in the behaviour policy
+        try:
+            with torch.no_grad():
+                new_ids = sample_token_ids(
+                    self.model, self.tokenizer, rows, settings, self.eos_token_ids, seed
+                )
+        finally:
+            self.model.train(was_training)
+        completions = [self._completion(p, ids, settings) for p, ids in zip(rows, new_ids)]
+        self.rollout_metrics = _generation_metrics(completions)
+        return [completions[i * G : (i + 1) * G] for i in range(len(states))]
+
+    def _completion(self, prompt_ids: list[int], new_ids: list[int], settings: GenerationSettings) -> Completion:
+        ids, by_eos, stopped = split_completion(
+            new_ids, set(self.eos_token_ids), settings.stop_strings, self.tokenizer
+        )
+        return Completion(
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            completion_ids=ids,
+            prompt_ids=prompt_ids,
+            truncated=not (by_eos or stopped) and len(ids) >= settings.max_new_tokens,
+            finished_by_eos=by_eos,
+        )
+
+    def get_log_probabilities(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:
+        """Sum of the counted tokens' log-probs per completion -> (N,)."""
+        out = self.get_token_log_probabilities(states, actions)
+        return out.logprobs.sum(-1)  # (N,) masked positions are exactly 0
+
+    def get_token_log_probabilities(
+        self, states: Sequence[Any], actions: Sequence[Completion]
+    ) -> TokenLogProbs:
+        """Per-token log-probs (N, T), completion mask (N, T) and optional entropy (N, T)."""
+        return score_completions(self, self.model, states, actions, record_metrics=True)
+
+    # ---------------------------------------------------------- reference
+    def make_reference(self) -> Any:
+        """A frozen reference: adapters disabled for PEFT, else a deep copy in eval mode."""
+        if is_peft_model(self.model):
+            return AdapterDisabledReference(self)
+        model = copy.deepcopy(self.model)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        settings = copy.copy(self.settings)
+        settings.gradient_checkpointing = False
+        reference = CausalLMPolicy(model, self.tokenizer, settings)
+        return reference.eval()
+
+    def save_pretrained(self, path: str, *, merged: bool = False) -> Any:
+        """Model (or LoRA adapter, plus `merged/` when asked) and tokenizer, as safetensors."""
+        return save_model(self.model, self.tokenizer, path, merged=merged)
+
+
+def score_completions(
+    policy: CausalLMPolicy,
+    model: nn.Module,
+    states: Sequence[Any],
+    actions: Sequence[Completion],
+    *,
+    record_metrics: bool = False,
+) -> TokenLogProbs:
+    """Score `actions` with `model` in micro-batches -> TokenLogProbs padded to the longest T.
+
+    `record_metrics`: a no-grad pass (the rollout) stores its mean entropy in
+    `policy.rollout_metrics`.
+    """
+    if len(states) != len(actions):
+        raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
+    for n, action in enumerate(actions):
+        if not isinstance(action, Completion):
+            raise TypeError(f"action {n}: got {type(action).__name__}; allowed: Completion")
+    T = max([a.num_tokens for a in actions] + [1])
+    step = policy.settings.micro_batch_size
+    parts = [_score_micro_batch(policy, model, actions[s : s + step]) for s in range(0, len(actions), step)]
+    logprobs = torch.cat([F.pad(p[0], (0, T - p[0].shape[1])) for p in parts])  # (N, T)
+    mask = torch.cat([F.pad(p[1], (0, T - p[1].shape[1])) for p in parts])  # (N, T)
+    entropy = None
+    if policy.settings.compute_entropy:
+        entropy = torch.cat([F.pad(p[2], (0, T - p[2].shape[1])) for p in parts])  # (N, T)
+        if record_metrics and not torch.is_grad_enabled():  # the rollout pass: report it as a metric
+            counted = mask.sum().clamp(min=1)
+            policy.rollout_metrics["entropy/rollout_mean"] = float((entropy * mask).sum() / counted)
+    return TokenLogProbs(logprobs, mask, entropy)
+
+
+def _score_micro_batch(
+    policy: CausalLMPolicy, model: nn.Module, actions: Sequence[Completion]
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One forward over [left-padded prompt | right-padded completion] -> (n, T) each."""
+    pad = policy.tokenizer.pad_token_id
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = left_pad([a.prompt_ids for a in actions], pad)  # (n, P)
+    T = max([a.num_tokens for a in actions] + [1])
+    completion_ids = torch.full((len(actions), T), pad, dtype=torch.long)  # (n, T) right-padded
+    present = torch.zeros((len(actions), T), dtype=torch.long)  # (n, T) 1 = a real token
+    for i, a in enumerate(actions):
+        completion_ids[i, : a.num_tokens] = torch.tensor(a.completion_ids, dtype=torch.long)
+        present[i, : a.num_tokens] = 1
+    input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)  # (n, P+T)
+    attention_mask = torch.cat([prompt_mask, present], 1).to(device)  # (n, P+T)
+    # positions count real tokens only, so left padding does not shift them
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+T)
+    keep = {"logits_to_keep": T + 1} if policy._keeps_logits else {}
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        use_cache=False, **keep,
+    ).logits  # (n, T+1, V) or (n, P+T, V)
+    temperature = policy.settings.generation.temperature
+    completion_ids = completion_ids.to(device)
+    logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
+    mask = _completion_mask(actions, completion_ids, present.to(device), policy)  # (n, T)
+    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
+    entropy = None
+    if policy.settings.compute_entropy:
+        scoring = logits[:, logits.shape[1] - T - 1 : -1]  # (n, T, V) same shift as the log-probs
+        entropy = entropy_from_logits(scoring, temperature)
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
+    return logprobs, mask, entropy
+
+
+def _completion_mask(
+    actions: Sequence[Completion], completion_ids: Tensor, present: Tensor, policy: CausalLMPolicy
+) -> Tensor:
+    """True up to and including the first EOS of each real completion -> (n, T) bool."""
+    is_eos = torch.isin(completion_ids, torch.tensor(policy.eos_token_ids, device=completion_ids.device))
+    is_eos = is_eos & present.bool()  # (n, T)
+    eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # (n, T) EOS strictly before t
+    mask = present.bool() & (eos_before == 0)  # (n, T)
+    if policy.settings.mask_truncated_completions:
+        truncated = torch.tensor([a.truncated for a in actions], device=mask.device)  # (n,)
+        mask = mask & ~truncated[:, None]
+    return mask
+
+
+def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:
+    lengths = torch.tensor([c.num_tokens for c in completions], dtype=torch.float64)  # (N,)
+    return {
+        "completion/length_mean": lengths.mean().item(),
+        "completion/length_max": lengths.max().item(),
+        "completion/truncated_frac": sum(c.truncated for c in completions) / len(completions),
+        "completion/eos_frac": sum(c.finished_by_eos for c in completions) / len(completions),
+    }
+
+
+def _enable_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing, non-reentrant (works with frozen inputs and LoRA)."""
+    kwargs = {"use_reentrant": False}
+    if callable(getattr(model, "activation_checkpointing_enable", None)):  # transformers >= 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _base(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def _eos_ids(model: nn.Module, tokenizer: Any) -> list[int]:
+    """The tokenizer's EOS and every EOS the model's generation config lists."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += [extra] if isinstance(extra, int) else list(extra or [])
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token")
+    return sorted(set(ids))
+
+
+def _context_length(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None

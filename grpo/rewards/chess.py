@@ -1,0 +1,85 @@
+"""Chess legality with python-chess (``pip install grpo[chess]``).
+
+Building blocks for chess rewards: the legal moves of a position given as a
+FEN, a check that splits a list of proposed moves into legal, illegal and
+repeated ones, and a reward callable for "play one legal move" prompts.
+Moves are in UCI notation (``e2e4``, ``e7e8q``), the notation seed 001's
+model writes. The listing task of seed 001 builds on these in
+`grpo.tasks.chess`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from grpo.rewards.parsers import completion_text
+
+__all__ = ["MoveCheck", "board_from_fen", "check_moves", "legal_moves", "legal_move_reward"]
+
+
+def _chess() -> Any:
+    try:
+        import chess
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("chess rewards need python-chess: pip install 'grpo[chess]'") from error
+    return chess
+
+
+def board_from_fen(fen: str) -> Any:
+    """A `chess.Board` for `fen`; ValueError naming the FEN when it is not a valid position."""
+    chess = _chess()
+    if not isinstance(fen, str):
+        raise TypeError(f"fen must be a str, got {type(fen).__name__}")
+    try:
+        board = chess.Board(fen)
+    except ValueError as error:
+        raise ValueError(f"fen {fen!r} is not a valid FEN: {error}") from None
+    if not board.is_valid():
+        raise ValueError(f"fen {fen!r} is not a legal position ({board.status()!r})")
+    return board
+
+
+def legal_moves(fen: str) -> frozenset[str]:
+    """The legal moves of the position, in UCI notation."""
+    return frozenset(move.uci() for move in board_from_fen(fen).legal_moves)
+
+
+class MoveCheck(NamedTuple):
+    """Proposed moves sorted by legality, in order of first appearance."""
+
+    legal: tuple[str, ...]  # distinct legal moves proposed
+    illegal: tuple[str, ...]  # proposals that are not legal moves (malformed ones included)
+    repeated: int  # proposals that repeat an earlier legal one
+    num_legal: int  # how many legal moves the position has
+
+
+def check_moves(fen: str, moves: Iterable[str]) -> MoveCheck:
+    """Split `moves` (UCI strings) into distinct legal, illegal and repeated proposals."""
+    allowed = legal_moves(fen)
+    legal: list[str] = []
+    illegal: list[str] = []
+    repeated = 0
+    for move in moves:
+        if move in allowed:
+            if move in legal:
+                repeated += 1
+            else:
+                legal.append(move)
+        else:
+            illegal.append(move)
+    return MoveCheck(tuple(legal), tuple(illegal), repeated, len(allowed))
+
+
+def legal_move_reward(
+    prompts: Sequence[Any], completions: Sequence[Any], fen: Sequence[str], **_: Any
+) -> list[float]:
+    """1.0 where the stripped completion is one legal UCI move for the row's `fen`, else 0.0."""
+    if len(completions) != len(fen):
+        raise ValueError(
+            f"completions and fen must have the same length, got {len(completions)} and {len(fen)}"
+        )
+    return [
+        1.0 if completion_text(c, i).strip() in legal_moves(position) else 0.0
+        for i, (c, position) in enumerate(zip(completions, fen, strict=True))
+    ]

@@ -1,0 +1,225 @@
+"""`TextReward`: text reward callables combined into one seed-004 `RewardModel`.
+
+The contract for a reward function is a plain callable
+
+    reward(prompts, completions, **columns) -> list[float | None]
+
+over N aligned samples: `prompts[n]` is the prompt (a str or a list of chat
+messages), `completions[n]` the completion text, and every other column of the
+prompt records (e.g. "answer") arrives as a keyword argument holding a list of
+N values. A function that does not take `**kwargs` gets only the columns it
+names as parameters.
+
+Combination: reward_n = Σ_f w_f · r_f(n). `None` means "does not apply":
+it is left out of that function's mean and std, and adds 0 to the weighted
+sum. A sample for which *every* function returns None has no reward at all;
+by default that is an error (`all_none="error"`), or it gets reward 0
+(`all_none="zero"`).
+
+Checks at this boundary (each message names the function and the sample):
+a function that raises is re-run one sample at a time to find the sample it
+fails on; a wrong number of values, a non-number, or NaN/inf is an error.
+
+Metrics of the last call (`last_metrics`): "rewards/<name>/mean" and
+"rewards/<name>/std" over the samples where <name> applies,
+"rewards/<name>/applied_frac", and "reward/positive_frac" of the combined
+reward (seed 001's "fraction of positive rewards").
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["RewardFunction", "TextReward", "split_states"]
+
+RewardFunction = Callable[..., Sequence[Any]]
+RESERVED = ("prompts", "completions")
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def split_states(states: Sequence[Any]) -> tuple[list[Any], dict[str, list[Any]]]:
+    """Prompt records -> (prompts (N,), {column: values (N,)}) for the reward contract."""
+    prompts: list[Any] = []
+    columns: dict[str, list[Any]] = {}
+    for n, state in enumerate(states):
+        if isinstance(state, Mapping):
+            if "prompt" not in state:
+                raise ValueError(f"state {n}: a dict state needs a 'prompt' key; got keys {list(state)}")
+            prompts.append(state["prompt"])
+            for key in state:
+                if key != "prompt":
+                    columns.setdefault(key, [None] * n)
+        else:
+            prompts.append(state)
+        for key, values in columns.items():
+            values.append(state.get(key) if isinstance(state, Mapping) else None)
+    for key in columns:
+        if key in RESERVED:
+            raise ValueError(f"dataset column {key!r} clashes with a reward argument; rename it")
+    return prompts, columns
+
+
+class TextReward:
+    """Weighted sum of text reward functions, usable as the trainer's reward model."""
+
+    def __init__(
+        self,
+        functions: RewardFunction | Sequence[RewardFunction] | Mapping[str, RewardFunction],
+        weights: Sequence[float] | None = None,
+        *,
+        all_none: str = "error",
+    ) -> None:
+        if isinstance(functions, Mapping):
+            named = list(functions.items())
+        else:
+            fns = [functions] if callable(functions) else list(functions)
+            named = [(_name(fn), fn) for fn in fns]
+        if not named:
+            raise ValueError("functions: got none; allowed: one or more reward callables")
+        names = [name for name, _ in named]
+        for name, fn in named:
+            if not callable(fn):
+                raise TypeError(f"reward function {name!r}: got {type(fn).__name__}; allowed: a callable")
+            if names.count(name) > 1:
+                raise ValueError(f"two reward functions are named {name!r}; pass a dict {{name: fn}}")
+        weights = [1.0] * len(named) if weights is None else list(weights)
+        if len(weights) != len(named):
+            raise ValueError(f"weights: got {len(weights)} for {len(named)} reward functions")
+        for name, w in zip(names, weights):
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+                raise ValueError(f"weight of {name!r}: got {w!r}; allowed: a finite number")
+        if all_none not in ("error", "zero"):
+            raise ValueError(f"all_none: got {all_none!r}; allowed: 'error', 'zero'")
+        self.functions = dict(named)
+        self.weights = dict(zip(names, (float(w) for w in weights)))
+        self.all_none = all_none
+        self.last_metrics: dict[str, float] = {}
+
+    # the RewardModel protocol: nothing here holds tensors or has modes
+    def to(self, device: Any) -> TextReward:
+        return self
+
+    def eval(self) -> TextReward:
+        return self
+
+    def train(self) -> TextReward:
+        return self
+
+    def compute_rewards(self, states: Sequence[Any], actions: Sequence[Any]) -> Tensor:
+        """Combined rewards of N state-action pairs -> (N,) float32."""
+        rewards, _ = self.score(states, actions)
+        return rewards
+
+    def score(self, states: Sequence[Any], actions: Sequence[Any]) -> tuple[Tensor, dict[str, list[float | None]]]:
+        """Combined rewards (N,) and each function's raw values (None = does not apply)."""
+        if len(states) != len(actions):
+            raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
+        prompts, columns = split_states(states)
+        texts = [getattr(a, "text", a) for a in actions]  # Completion records or plain strings
+        per_function = {
+            name: self._call(name, fn, prompts, texts, columns) for name, fn in self.functions.items()
+        }
+        rewards = self._combine(per_function, prompts)
+        self.last_metrics = _metrics(per_function, rewards)
+        return rewards, per_function
+
+    def _call(self, name: str, fn: RewardFunction, prompts: list, texts: list, columns: dict) -> list:
+        kwargs = _accepted(fn, columns)
+        try:
+            values = fn(prompts, texts, **kwargs)
+        except Exception as err:
+            n = _failing_sample(fn, prompts, texts, kwargs)
+            where = f"sample {n} (prompt {_preview(prompts[n])})" if n is not None else f"a batch of {len(texts)}"
+            raise RuntimeError(f"reward function {name!r} raised on {where}: {err!r}") from err
+        return _check_values(name, values, prompts)
+
+    def _combine(self, per_function: dict[str, list], prompts: list) -> Tensor:
+        N = len(prompts)
+        rewards = torch.zeros(N, dtype=torch.float64)  # (N,)
+        applied = torch.zeros(N, dtype=torch.bool)  # (N,) some function gave a value
+        for name, values in per_function.items():
+            for n, v in enumerate(values):
+                if v is not None:
+                    rewards[n] += self.weights[name] * v
+                    applied[n] = True
+        if self.all_none == "error" and not bool(applied.all()):
+            n = int((~applied).nonzero()[0])
+            raise ValueError(
+                f"every reward function returned None for sample {n} (prompt {_preview(prompts[n])}); "
+                "return a value from at least one, or use all_none='zero'"
+            )
+        return rewards.float()
+
+
+def _accepted(fn: Callable, columns: dict[str, list]) -> dict[str, list]:
+    """All columns for a **kwargs function, else only the ones it names."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature get everything
+        return columns
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return columns
+    names = {p.name for p in params}
+    return {k: v for k, v in columns.items() if k in names}
+
+
+def _failing_sample(fn: Callable, prompts: list, texts: list, kwargs: dict) -> int | None:
+    """Index of the first sample on which `fn`, called on that sample alone, raises."""
+    for n in range(len(texts)):
+        try:
+            fn([prompts[n]], [texts[n]], **{k: [v[n]] for k, v in kwargs.items()})
+        except Exception:
+            return n
+    return None
+
+
+def _check_values(name: str, values: Any, prompts: list) -> list[float | None]:
+    if isinstance(values, Tensor):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"reward function {name!r} returned {type(values).__name__}; allowed: a list")
+    if len(values) != len(prompts):
+        raise ValueError(f"reward function {name!r} returned {len(values)} values for {len(prompts)} samples")
+    out: list[float | None] = []
+    for n, v in enumerate(values):
+        if v is None:
+            out.append(None)
+            continue
+        if not isinstance(v, (int, float)):
+            raise TypeError(
+                f"reward function {name!r} returned {type(v).__name__} for sample {n}; "
+                "allowed: a number or None"
+            )
+        if not math.isfinite(v):
+            raise ValueError(
+                f"reward function {name!r} returned {v} for sample {n} (prompt {_preview(prompts[n])}); "
+                "rewards must be finite"
+            )
+        out.append(float(v))
+    return out
+
+
+def _metrics(per_function: dict[str, list], rewards: Tensor) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name, values in per_function.items():
+        applied = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
+        metrics[f"rewards/{name}/applied_frac"] = len(applied) / max(len(values), 1)
+        if len(applied):
+            metrics[f"rewards/{name}/mean"] = applied.mean().item()
+            metrics[f"rewards/{name}/std"] = applied.std(unbiased=False).item()
+    metrics["reward/positive_frac"] = (rewards > 0).double().mean().item() if len(rewards) else 0.0
+    return metrics
+
+
+def _preview(prompt: Any, limit: int = 80) -> str:
+    text = prompt if isinstance(prompt, str) else str(prompt)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")

@@ -1,0 +1,199 @@
+"""Built-in chess task (seed 001): list the legal moves of a position.
+
+The prompt shows a position as a FEN; the expected completion is one line
+``M: e2e4 d2d4 ...`` of moves in UCI notation, the output format of seed 001's
+model. The reward (all values exact, see `ChessRewardConfig`):
+
+    reward = distinct legal moves listed / legal moves of the position
+             - illegal_penalty * illegal / (distinct legal + illegal)
+
+and ``-format_penalty`` when the completion is not one ``M:`` line with at least
+one move. Repeating a legal move neither earns nor costs anything. Illegal
+moves include malformed ones ("zz", "e2e9").
+
+Positions come from random legal play from the initial position with a seeded
+RNG (a uniform number of plies in [min_plies, max_plies]); games that end
+early are discarded. As in `grpo.tasks.arithmetic`, train and held-out
+positions are separated by a stable hash of the FEN, not by the seed.
+
+Departure from seed 001: seed 001 used an existing reward function it did not
+define; the formula above is this library's, chosen so that an empty or
+made-up list never beats listing a few true moves.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.rewards.chess import board_from_fen, check_moves
+from grpo.rewards.parsers import completion_text
+
+__all__ = [
+    "ChessRewardConfig",
+    "PROMPT_TEMPLATE",
+    "START_FEN",
+    "evaluate",
+    "generate_dataset",
+    "make_reward",
+    "parse_move_list",
+    "position_split",
+    "reward",
+    "score_completion",
+]
+
+START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+PROMPT_TEMPLATE = "FEN: {fen}\n"
+SPLITS = ("train", "held_out")
+_MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
+_HASH_BUCKETS = 10_000
+
+
+@dataclass(frozen=True)
+class ChessRewardConfig:
+    """Weights of the move-listing reward."""
+
+    illegal_penalty: float = 0.5
+    """Subtracted in proportion to the share of listed moves that are illegal (>= 0)."""
+    format_penalty: float = 1.0
+    """Reward is -format_penalty when the completion is not one 'M: move move ...' line (>= 0)."""
+
+    def __post_init__(self) -> None:
+        for name in ("illegal_penalty", "format_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+
+
+def parse_move_list(text: str) -> list[str] | None:
+    """The moves of a ``M: m1 m2 ...`` line (surrounding whitespace ignored), None if malformed."""
+    match = _MOVE_LINE.fullmatch(text.strip())
+    return match.group(1).split() if match else None
+
+
+def score_completion(fen: str, text: str, config: ChessRewardConfig | None = None) -> float:
+    """The reward of one completion for the position `fen` (formula in the module docstring)."""
+    config = config or ChessRewardConfig()
+    moves = parse_move_list(text)
+    if moves is None:
+        return -config.format_penalty
+    check = check_moves(fen, moves)
+    listed = len(check.legal) + len(check.illegal)
+    coverage = len(check.legal) / check.num_legal if check.num_legal else 0.0
+    return coverage - config.illegal_penalty * len(check.illegal) / listed
+
+
+def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[float]]:
+    """The task's reward callable ``reward(prompts, completions, fen, **columns)`` for `config`."""
+    config = config or ChessRewardConfig()
+
+    def chess_moves(
+        prompts: Sequence[Any], completions: Sequence[Any], fen: Sequence[str], **_: Any
+    ) -> list[float]:
+        if len(completions) != len(fen):
+            raise ValueError(
+                f"completions and fen must have the same length, got {len(completions)} and {len(fen)}"
+            )
+        return [
+            score_completion(position, completion_text(c, i), config)
+            for i, (c, position) in enumerate(zip(completions, fen, strict=True))
+        ]
+
+    return chess_moves
+
+
+reward = make_reward()
+
+
+def position_split(fen: str, held_out_fraction: float = 0.1) -> str:
+    """``"held_out"`` or ``"train"``: a stable hash of the FEN decides, not a seed."""
+    bucket = zlib.crc32(fen.encode("utf-8")) % _HASH_BUCKETS
+    return "held_out" if bucket < held_out_fraction * _HASH_BUCKETS else "train"
+
+
+def _random_position(rng: random.Random, plies: int) -> str | None:
+    import chess
+
+    board = chess.Board()
+    for _ in range(plies):
+        moves = sorted(
+            board.legal_moves, key=lambda m: m.uci()
+        )  # sorted: order-independent seeding
+        board.push(rng.choice(moves))
+        if board.is_game_over():
+            return None
+    return board.fen()
+
+
+def generate_dataset(
+    num_positions: int,
+    *,
+    split: str = "train",
+    seed: int = 0,
+    min_plies: int = 1,
+    max_plies: int = 40,
+    held_out_fraction: float = 0.1,
+) -> list[dict[str, str]]:
+    """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}``, the same for the same seed."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not isinstance(num_positions, int) or num_positions < 0:
+        raise ValueError(f"num_positions must be a non-negative integer, got {num_positions!r}")
+    if not 0 <= min_plies <= max_plies:
+        raise ValueError(f"need 0 <= min_plies <= max_plies, got {min_plies} and {max_plies}")
+    rng = random.Random(f"chess/{split}/{seed}")  # str seeds hash stably across runs
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    attempts, max_attempts = 0, 50 * num_positions + 1000
+    while len(rows) < num_positions:
+        attempts += 1
+        if attempts > max_attempts:
+            raise ValueError(
+                f"num_positions={num_positions} distinct {split!r} positions could not be drawn "
+                f"(found {len(rows)}); widen [min_plies, max_plies]"
+            )
+        fen = _random_position(rng, rng.randint(min_plies, max_plies))
+        if fen is None or fen in seen or position_split(fen, held_out_fraction) != split:
+            continue
+        seen.add(fen)
+        moves = sorted(move.uci() for move in board_from_fen(fen).legal_moves)
+        rows.append(
+            {"prompt": PROMPT_TEMPLATE.format(fen=fen), "fen": fen, "legal_moves": " ".join(moves)}
+        )
+    return rows
+
+
+def evaluate(
+    generate: Callable[[list[str]], list[str]],
+    rows: Sequence[dict[str, str]],
+    config: ChessRewardConfig | None = None,
+) -> dict[str, float]:
+    """Run `generate` (prompts -> completions) on `rows`: mean reward, format rate, precision, coverage."""
+    prompts = [row["prompt"] for row in rows]
+    completions = generate(prompts)
+    if len(completions) != len(rows) or not rows:
+        raise ValueError(
+            f"generate returned {len(completions)} completions for {len(rows)} prompts"
+        )
+    rewards = make_reward(config)(prompts, completions, [row["fen"] for row in rows])
+    formatted = precision = coverage = 0.0
+    for row, completion in zip(rows, completions, strict=True):
+        moves = parse_move_list(completion)
+        if moves is None:
+            continue
+        formatted += 1
+        check = check_moves(row["fen"], moves)
+        precision += len(check.legal) / (len(check.legal) + len(check.illegal))
+        coverage += len(check.legal) / check.num_legal
+    n = len(rows)
+    return {
+        "reward": sum(rewards) / n,
+        "format_rate": formatted / n,
+        "precision": precision / n,  # unformatted completions count as 0
+        "coverage": coverage / n,
+        "num_positions": float(n),
+    }

@@ -1,0 +1,292 @@
+"""`GRPOTrainer`: the one training loop, for any policy and reward model (seed 004 section 4).
+
+One `train_step(states)`:
+1. roll out G actions per state and score them (`ExperienceCollector`);
+2. group-relative advantages (`AdvantageEstimator`);
+3. `num_epochs_per_update` epochs over sample-shuffled mini-batches of
+   `batch_size` samples; every `gradient_accumulation_steps` mini-batches the
+   gradient is clipped to `max_grad_norm` and the optimizer steps;
+4. every `ref_update_frequency` steps the reference policy becomes a copy of
+   the policy.
+
+Departures from seed 004:
+- A step whose loss or gradient norm is not finite is skipped (gradients
+  zeroed, no update), counted in `skipped_steps` and warned about.
+- The reference policy comes from the policy's own `make_reference()` when it
+  has one (e.g. a LoRA base with adapters off), else `copy.deepcopy`; it is
+  frozen, and not built at all when `kl_coeff == 0`.
+- Mini-batch shuffling uses the trainer's own generator, seeded from
+  `config.seed` and saved in checkpoints, so resumed runs are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo import checkpoint
+from grpo.advantage_estimator import AdvantageEstimator
+from grpo.config import GRPOConfig
+from grpo.experience_collector import ExperienceCollector
+from grpo.grpo_objective import GRPOObjective
+from grpo.protocols import validate_policy_model, validate_reward_model
+from grpo.records import ExperienceBatch
+
+__all__ = ["GRPOTrainer"]
+
+# loss-dict entries averaged per epoch, reported as epoch_{i}_{name}
+EPOCH_KEYS = ("policy_loss", "kl_penalty", "entropy_bonus", "total_loss")
+
+
+class GRPOTrainer:
+    """Trains `policy_model` with GRPO against `reward_model`."""
+
+    def __init__(
+        self,
+        policy_model: Any,
+        reward_model: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: GRPOConfig | None = None,
+    ) -> None:
+        validate_policy_model(policy_model)
+        validate_reward_model(reward_model)
+        config = GRPOConfig() if config is None else config
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
+        self.config = config
+        self.policy = policy_model
+        self.reward_model = reward_model
+        self.experience_collector = ExperienceCollector(
+            policy_model, reward_model, config.group_size
+        )
+        self.advantage_estimator = AdvantageEstimator(
+            normalize_advantages=config.normalize_advantages,
+            advantage_epsilon=config.advantage_epsilon,
+            baseline=config.advantage_baseline,
+            scale=config.advantage_scale,
+            positive_only=config.advantage_positive_only,
+        )
+        self.objective = GRPOObjective(
+            clip_epsilon=config.clip_epsilon,
+            kl_coeff=config.kl_coeff,
+            entropy_coeff=config.entropy_coeff,
+            loss_type=config.loss_type,
+            aggregation=config.aggregation,
+            kl_estimator=config.kl_estimator,
+            clip_epsilon_high=config.clip_epsilon_high,
+            max_completion_length=config.max_completion_length,
+        )
+        if optimizer is None:
+            params = list(policy_model.get_parameters().values())
+            optimizer = torch.optim.Adam(params, lr=config.learning_rate)
+        self.optimizer = optimizer
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step_count = 0  # completed train_step calls
+        self.epoch_count = 0  # completed optimisation epochs, over all steps
+        self.best_loss = math.inf  # lowest step_loss so far
+        self.history: list[dict[str, float]] = []
+        self.reference_policy = self._make_reference() if config.kl_coeff > 0 else None
+
+    # ------------------------------------------------------------------ loop
+    def train_step(self, states: Sequence[Any]) -> dict[str, float]:
+        """One GRPO update on `states`; returns detached scalar metrics."""
+        start = time.perf_counter()
+        batch = self.experience_collector.collect_experiences(states)
+        collected = time.perf_counter()
+        advantages = self.advantage_estimator.compute_advantages(batch)  # (N,)
+        metrics = self._rollout_metrics(batch, advantages)
+        metrics["collection_time"] = collected - start
+        metrics["advantage_time"] = time.perf_counter() - collected
+
+        self.policy.train()
+        totals: dict[str, float] = defaultdict(float)
+        for epoch in range(self.config.num_epochs_per_update):
+            epoch_means = self._run_epoch(batch, advantages, totals)
+            metrics.update({f"epoch_{epoch}_{k}": epoch_means[k] for k in EPOCH_KEYS})
+            self.epoch_count += 1
+        metrics.update(self._step_summary(totals))
+
+        self.step_count += 1
+        self._maybe_refresh_reference()
+        if math.isfinite(metrics["step_loss"]):
+            self.best_loss = min(self.best_loss, metrics["step_loss"])
+        self.history.append(metrics)
+        return metrics
+
+    def _run_epoch(
+        self, batch: ExperienceBatch, advantages: Tensor, totals: dict[str, float]
+    ) -> dict[str, float]:
+        """One pass over shuffled mini-batches; returns the epoch's sample-weighted means."""
+        mini_batches = list(self._create_mini_batches(batch, advantages))
+        window_size = self.config.gradient_accumulation_steps
+        epoch_sums: dict[str, float] = defaultdict(float)
+        for start in range(0, len(mini_batches), window_size):
+            window = mini_batches[start : start + window_size]
+            window_samples = sum(len(adv) for _, adv in window)
+            finite = True
+            self.optimizer.zero_grad(set_to_none=True)
+            for mini_batch, mini_advantages in window:
+                loss_dict = self.objective.compute_loss(
+                    self.policy, self.reference_policy, mini_batch, mini_advantages
+                )
+                weight = len(mini_advantages) / window_samples
+                # weighted so the window's gradient is that of one concatenated batch
+                (loss_dict["total_loss"] * weight).backward()
+                finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
+                _accumulate(epoch_sums, loss_dict, len(mini_advantages))
+            self._optimizer_step(finite, totals)
+        n = len(advantages)
+        for key, value in epoch_sums.items():
+            totals[key] += value
+        totals["samples"] += n
+        return {key: value / n for key, value in epoch_sums.items()}
+
+    def _optimizer_step(self, loss_finite: bool, totals: dict[str, float]) -> None:
+        """Clip, then step, unless the loss or the pre-clip gradient norm is not finite."""
+        params = [p for p in self.policy.get_parameters().values() if p.requires_grad]
+        max_norm = self.config.max_grad_norm
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
+        )  # the norm *before* clipping
+        if loss_finite and math.isfinite(grad_norm):
+            self.optimizer.step()
+            totals["grad_norm_sum"] += grad_norm
+            totals["optimizer_steps"] += 1
+        else:
+            warnings.warn(
+                f"step {self.step_count}: skipped an optimizer step (loss finite: "
+                f"{loss_finite}, gradient norm {grad_norm}); no update applied",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            totals["skipped_steps"] += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _create_mini_batches(
+        self, batch: ExperienceBatch, advantages: Tensor
+    ) -> Iterator[tuple[ExperienceBatch, Tensor]]:
+        """Shuffled mini-batches of `batch_size` samples, each a batch of singleton groups."""
+        N, G = batch.num_samples, batch.group_size
+        order = torch.randperm(N, generator=self.generator)
+        flat_actions = batch.flat_actions()
+        flat_old = [lp for group in batch.log_prob_old_groups for lp in group]
+        for start in range(0, N, self.config.batch_size):
+            idx = order[start : start + self.config.batch_size]  # (n,)
+            rows = idx.tolist()
+            mini_batch = ExperienceBatch(
+                states=[batch.states[n // G] for n in rows],
+                action_groups=[[flat_actions[n]] for n in rows],
+                reward_groups=[[batch.reward_groups[n // G][n % G]] for n in rows],
+                log_prob_old_groups=[[flat_old[n]] for n in rows],
+                old_token_logprobs=_rows(batch.old_token_logprobs, idx),
+                completion_mask=_rows(batch.completion_mask, idx),
+            )
+            yield mini_batch, advantages[idx]
+
+    # -------------------------------------------------------------- metrics
+    def _rollout_metrics(self, batch: ExperienceBatch, advantages: Tensor) -> dict[str, float]:
+        rewards = torch.tensor(batch.reward_groups, dtype=torch.float64)  # (B, G)
+        all_equal = (rewards == rewards[:, :1]).all(dim=1)  # (B,)
+        return {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "reward/zero_std_frac": all_equal.double().mean().item(),
+            "advantage_mean": advantages.mean().item(),
+            "advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+            "total_samples": float(batch.num_samples),
+        }
+
+    def _step_summary(self, totals: dict[str, float]) -> dict[str, float]:
+        """Means over every mini-batch of the step (sample-weighted) and step counters."""
+        samples = totals.pop("samples")
+        steps = totals.pop("optimizer_steps", 0.0)
+        grad_norm_sum = totals.pop("grad_norm_sum", 0.0)
+        summary = {
+            "step_loss": totals.pop("total_loss") / samples,
+            "grad_norm": grad_norm_sum / steps if steps else math.nan,
+            "optimizer_steps": steps,
+            "skipped_steps": totals.pop("skipped_steps", 0.0),
+        }
+        for key in ("policy_loss", "kl_penalty", "entropy_bonus"):
+            totals.pop(key, None)
+        summary.update({key: value / samples for key, value in totals.items()})
+        return summary
+
+    # ----------------------------------------------------------- reference
+    def _make_reference(self) -> Any:
+        """A frozen copy of the policy (or the policy's own `make_reference()`)."""
+        make = getattr(self.policy, "make_reference", None)
+        reference = make() if callable(make) else copy.deepcopy(self.policy)
+        own = {id(p) for p in self.policy.get_parameters().values()}
+        for p in reference.get_parameters().values():
+            if id(p) not in own:  # never freeze weights the policy itself trains
+                p.requires_grad_(False)
+        reference.eval()
+        return reference
+
+    def _maybe_refresh_reference(self) -> None:
+        freq = self.config.ref_update_frequency
+        if self.reference_policy is not None and freq > 0 and self.step_count % freq == 0:
+            self.reference_policy = self._make_reference()
+
+    # ---------------------------------------------------------- checkpoints
+    def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
+        """Atomically save everything needed to resume this run bitwise-exactly."""
+        if best_loss is not None:
+            self.best_loss = float(best_loss)
+        state = {
+            "format_version": checkpoint.FORMAT_VERSION,
+            "policy": checkpoint.model_state(self.policy),
+            "reference_policy": (
+                None
+                if self.reference_policy is None
+                else checkpoint.model_state(self.reference_policy)
+            ),
+            "optimizer": self.optimizer.state_dict(),
+            "step_count": self.step_count,
+            "epoch_count": self.epoch_count,
+            "best_loss": self.best_loss,
+            "history": self.history,
+            "config": self.config.to_dict(),
+            "rng": checkpoint.rng_state(self.generator),
+        }
+        checkpoint.atomic_save(state, path)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore a `save_checkpoint` file into this trainer; returns the raw state."""
+        state = checkpoint.load(path)
+        checkpoint.load_model_state(self.policy, state["policy"])
+        if state.get("reference_policy") is not None:
+            if self.reference_policy is None:
+                self.reference_policy = self._make_reference()
+            checkpoint.load_model_state(self.reference_policy, state["reference_policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_count = int(state["step_count"])
+        self.epoch_count = int(state.get("epoch_count", 0))
+        self.best_loss = float(state.get("best_loss", math.inf))
+        self.history = list(state.get("history", []))
+        checkpoint.set_rng_state(state["rng"], self.generator)
+        return state
+
+
+def _rows(tensor: Tensor | None, idx: Tensor) -> Tensor | None:
+    return None if tensor is None else tensor[idx.to(tensor.device)]
+
+
+def _accumulate(sums: dict[str, float], loss_dict: dict[str, Any], weight: int) -> None:
+    """Add weight * value for every scalar entry of a loss dict."""
+    for key, value in loss_dict.items():
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                continue
+            value = value.item()
+        if isinstance(value, (int, float)):
+            sums[key] += weight * float(value)

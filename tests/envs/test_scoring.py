@@ -1,0 +1,91 @@
+"""Tests for grpo.envs.scoring: whole-conversation log-probs with the assistant mask, shifted."""
+
+import pytest
+import torch
+from tiny_models import load_tiny_causal_lm
+
+from grpo.envs.chat_mask import tokenize_with_assistant_mask
+from grpo.envs.scoring import conversation_logprobs
+from grpo.functional.logprobs import completion_logprobs
+
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": "say a b"},
+        {"role": "assistant", "content": "a b"},
+        {"role": "user", "content": "count"},
+        {"role": "assistant", "content": "c d e"},
+    ],
+    [
+        {"role": "system", "content": "the answer"},
+        {"role": "user", "content": "red"},
+        {"role": "assistant", "content": "blue green yes"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = build_tiny_causal_lm(
+        tmp_path_factory.mktemp("tiny") / "llama", arch="llama", max_positions=128
+    )
+    model, tokenizer = load_tiny_causal_lm(path)
+    return model.eval(), tokenizer
+
+
+def spans(mask):
+    runs, start = [], None
+    for i, flag in enumerate([*mask, False]):
+        if flag and start is None:
+            start = i
+        if not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@torch.no_grad()
+def test_one_pass_equals_scoring_each_turn_separately(tiny):
+    """Each assistant span's log-probs equal a forward on its own prefix (causal attention, shift by one)."""
+    model, tokenizer = tiny
+    tokens = [tokenize_with_assistant_mask(tokenizer, c) for c in CONVERSATIONS]
+    out = conversation_logprobs(model, tokens, pad_token_id=tokenizer.pad_token_id, temperature=0.7)
+    for n, conversation in enumerate(tokens):
+        ids = torch.tensor([conversation.input_ids])
+        expected_mask = conversation.assistant_mask[1:] + [False] * (
+            out.logprobs.shape[1] - len(ids[0]) + 1
+        )
+        assert out.completion_mask[n].tolist() == expected_mask
+        for start, end in spans(conversation.assistant_mask):
+            logits = model(input_ids=ids[:, :end]).logits  # (1, end, V): the prefix alone
+            turn = completion_logprobs(logits, ids[:, start:end], 0.7)[0]  # (end - start,)
+            torch.testing.assert_close(
+                out.logprobs[n, start - 1 : end - 1], turn, rtol=1e-5, atol=1e-5
+            )
+    assert (out.logprobs[~out.completion_mask] == 0).all()
+
+
+@torch.no_grad()
+def test_padding_does_not_change_scores(tiny):
+    """A conversation scored in a right-padded batch gets the same log-probs as scored alone."""
+    model, tokenizer = tiny
+    tokens = [tokenize_with_assistant_mask(tokenizer, c) for c in CONVERSATIONS]
+    batch = conversation_logprobs(model, tokens, pad_token_id=tokenizer.pad_token_id)
+    for n, conversation in enumerate(tokens):
+        alone = conversation_logprobs(model, [conversation], pad_token_id=tokenizer.pad_token_id)
+        width = alone.logprobs.shape[1]
+        torch.testing.assert_close(
+            batch.logprobs[n, :width], alone.logprobs[0], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_gradient_reaches_only_through_assistant_tokens(tiny):
+    """Summed log-probs backpropagate; the count of counted tokens is the assistant token count."""
+    model, tokenizer = tiny
+    tokens = [tokenize_with_assistant_mask(tokenizer, CONVERSATIONS[1])]
+    out = conversation_logprobs(model, tokens, pad_token_id=tokenizer.pad_token_id)
+    out.logprobs.sum().backward()
+    assert int(out.completion_mask.sum()) == sum(tokens[0].assistant_mask)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.zero_grad()
+    with pytest.raises(ValueError, match="at least one"):
+        conversation_logprobs(model, [], pad_token_id=0)

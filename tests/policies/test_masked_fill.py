@@ -1,0 +1,304 @@
+"""Tests for grpo/policies/masked_fill.py (and its judge reward, masked_fill_judge.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from grpo.policies.masked_fill import MaskedFillConfig, MaskedFillPolicy, top_p_filter
+from grpo.policies.masked_fill_judge import TokenJudgeReward
+
+PAD, MASK = 0, 1
+
+
+class FixedLogits(nn.Module):
+    """A user module whose logits are its own parameter, whatever the ids: (1 or N, T, V)."""
+
+    def __init__(self, logits: Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits.clone())
+        self.seen: list[Tensor] = []
+
+    def forward(self, ids: Tensor) -> Tensor:
+        self.seen.append(ids.clone())
+        return self.logits.expand(ids.shape[0], -1, -1)[:, : ids.shape[1]]
+
+
+class CopyFirstToken(nn.Module):
+    """Deterministic fill: every position predicts the state's first token (logit 50)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.unused = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        onehot = nn.functional.one_hot(ids[:, :1], self.vocab).float()  # (N, 1, V)
+        return 50.0 * onehot.expand(-1, ids.shape[1], -1) + self.unused
+
+
+def policy_for(logits: Tensor, **config) -> MaskedFillPolicy:
+    return MaskedFillPolicy(FixedLogits(logits), MaskedFillConfig(mask_token_id=MASK, **config))
+
+
+def test_logprobs_hand_computed_with_sampling_temperature():
+    """Token log-prob = log softmax(logits / temperature)[token], by hand; other positions 0."""
+    logits = torch.tensor([[[0.0, 0.0, 2.0, 0.5, -1.0], [0.0, 0.0, 1.0, 1.0, 1.0]]])  # (1, 2, 5)
+    policy = policy_for(logits, temperature=0.5)
+    out = policy.get_token_log_probabilities([[MASK, 4]], [[3, 4]])
+    z = [0.0, 0.0, 4.0, 1.0, -2.0]
+    expected = z[3] - math.log(sum(math.exp(v) for v in z))
+    torch.testing.assert_close(out.logprobs, torch.tensor([[expected, 0.0]]), rtol=1e-6, atol=0)
+    assert out.completion_mask.tolist() == [[True, False]]
+    at_t1 = 0.5 - math.log(2 + math.exp(2.0) + math.exp(0.5) + math.exp(-1.0))
+    assert abs(expected - at_t1) > 0.1  # the temperature matters for this example
+
+
+def test_sampling_frequencies_match_exp_logprobs():
+    """Sampled fill frequencies equal exp(log-prob) at the same temperature (and not at 1)."""
+    logits = torch.tensor([[[1.0, 0.0, -0.5]]])  # (1, 1, V=3), mask id 1 is a normal token here
+    policy = policy_for(logits, temperature=0.5)
+    policy.generator = torch.Generator().manual_seed(0)
+    n = 20000
+    actions = policy.generate_actions([[MASK]], n)[0]
+    freq = torch.bincount(torch.stack(actions)[:, 0], minlength=3).double() / n
+    probs = torch.stack(
+        [policy.get_log_probabilities([[MASK]], [[v]]).exp() for v in range(3)]
+    ).squeeze(-1).double()
+    torch.testing.assert_close(freq, probs, rtol=0, atol=0.01)
+    assert (freq - torch.softmax(logits[0, 0].double(), -1)).abs().max() > 0.1
+
+
+def test_top_p_filter_hand_computed_and_sampling_stays_in_nucleus():
+    """top_p keeps the tokens whose preceding mass is < top_p; nothing outside is sampled."""
+    probs = torch.tensor([[0.1, 0.5, 0.15, 0.25]])
+    expected = torch.tensor([[0.0, 0.5, 0.0, 0.25]])
+    torch.testing.assert_close(top_p_filter(probs, 0.7), expected, rtol=0, atol=0)
+    torch.testing.assert_close(top_p_filter(probs, 0.4), torch.tensor([[0.0, 0.5, 0.0, 0.0]]))
+    logits = torch.log(probs)[None]  # (1, 1, 4)
+    policy = policy_for(logits, top_p=0.7)
+    policy.generator = torch.Generator().manual_seed(1)
+    tokens = torch.stack(policy.generate_actions([[MASK]], 4000)[0])[:, 0]
+    assert set(tokens.tolist()) == {1, 3}
+    assert abs((tokens == 1).double().mean().item() - 0.5 / 0.75) < 0.03
+
+
+def test_unmasked_logits_change_nothing_and_get_zero_gradient():
+    """Log-probs depend on masked positions only; unmasked logits get an exactly zero gradient."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64)
+    states = [[2, MASK, 3, MASK], [MASK, 4, 5, 2]]
+    actions = [[2, 0, 3, 5], [4, 4, 5, 2]]
+    policy = policy_for(logits, temperature=0.7)
+    lp = policy.get_log_probabilities(states, actions)
+    mask = torch.tensor(states) == MASK  # (N, T)
+    perturbed = logits + 10.0 * torch.randn(logits.shape, generator=gen, dtype=torch.float64) * (
+        ~mask
+    ).unsqueeze(-1)
+    assert torch.equal(policy_for(perturbed, temperature=0.7).get_log_probabilities(states, actions), lp)
+    lp.sum().backward()
+    grad = policy.model.logits.grad  # (N, T, V)
+    assert torch.equal(grad[~mask], torch.zeros_like(grad[~mask]))
+    # masked positions: d log p(a) / d z = (onehot(a) - softmax(z / tau)) / tau
+    onehot = nn.functional.one_hot(torch.tensor(actions), 6).double()
+    expected = (onehot - torch.softmax(logits / 0.7, -1)) / 0.7
+    torch.testing.assert_close(grad[mask], expected[mask], rtol=1e-10, atol=1e-12)
+
+
+def test_sum_and_mean_reductions_over_masked_positions():
+    """get_log_probabilities sums (or averages) the token log-probs of masked positions only."""
+    logits = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(2))
+    states, actions = [[MASK, 2, MASK]], [[3, 2, 4]]
+    token = policy_for(logits).get_token_log_probabilities(states, actions).logprobs
+    total = token[0, 0] + token[0, 2]
+    torch.testing.assert_close(policy_for(logits).get_log_probabilities(states, actions), total[None])
+    mean = policy_for(logits, reduction="mean").get_log_probabilities(states, actions)
+    torch.testing.assert_close(mean, total[None] / 2)
+
+
+def test_suppressed_tokens_have_probability_zero():
+    """Suppressed ids are never sampled and the rest renormalise: log-probs by hand."""
+    logits = torch.zeros(1, 1, 4)
+    policy = policy_for(logits, suppress_token_ids=(PAD, MASK), compute_entropy=True)
+    tokens = torch.stack(policy.generate_actions([[MASK]], 500)[0])[:, 0]
+    assert set(tokens.tolist()) <= {2, 3}
+    out = policy.get_token_log_probabilities([[MASK]], [[2]])
+    torch.testing.assert_close(out.logprobs, torch.tensor([[math.log(0.5)]]))
+    torch.testing.assert_close(out.entropy, torch.tensor([[math.log(2.0)]]))
+
+
+def test_sampling_never_changes_unmasked_positions_of_a_masked_lm(tiny_bert):
+    """An AutoModelForMaskedLM fills masked positions only; padding-free lengths are kept."""
+    policy = MaskedFillPolicy(
+        tiny_bert, MaskedFillConfig(mask_token_id=MASK, pad_token_id=PAD, suppress_token_ids=(0, 1))
+    )
+    gen = torch.Generator().manual_seed(3)
+    states = []
+    for length in (5, 9, 7):
+        state = torch.randint(2, 12, (length,), generator=gen)
+        state[torch.rand(length, generator=gen) < 0.5] = MASK
+        states.append(state)
+    groups = policy.generate_actions(states, 4)
+    for state, group in zip(states, groups):
+        for action in group:
+            keep = state != MASK
+            assert action.shape == state.shape
+            assert torch.equal(action[keep], state[keep])
+            assert not bool((action[~keep] < 2).any())  # filled with real tokens
+    flat_states = [s for s in states for _ in range(4)]
+    logprobs = policy.get_token_log_probabilities(flat_states, [a for g in groups for a in g])
+    assert torch.equal(logprobs.completion_mask[0, :5], states[0] == MASK)
+    assert not bool(logprobs.completion_mask[0, 5:].any())  # padding is never counted
+
+
+def test_group_repetition_keeps_copies_together_in_order():
+    """Sample n = i * G + j is a fill of state i: the model sees each state G times in a row."""
+    model = CopyFirstToken(vocab=8)
+    policy = MaskedFillPolicy(model, MaskedFillConfig(mask_token_id=MASK))
+    states = [[5, MASK, 2], [3, MASK, MASK], [7, 4, MASK]]
+    groups = policy.generate_actions(states, 3)
+    assert [[a.tolist() for a in g] for g in groups] == [
+        [[5, 5, 2]] * 3,
+        [[3, 3, 3]] * 3,
+        [[7, 4, 7]] * 3,
+    ]
+    policy.model = seen = FixedLogits(torch.zeros(1, 3, 8))
+    policy.generate_actions(states, 2)
+    assert torch.equal(seen.seen[0], torch.tensor(states).repeat_interleave(2, dim=0))
+
+
+def test_reference_is_a_frozen_copy():
+    """make_reference copies the weights, freezes them and ignores later policy updates."""
+    logits = torch.randn(1, 2, 5, generator=torch.Generator().manual_seed(4))
+    policy = policy_for(logits)
+    reference = policy.make_reference()
+    assert reference.get_parameters() == {}
+    assert not any(p.requires_grad for p in reference.model.parameters())
+    before = reference.get_log_probabilities([[MASK, MASK]], [[2, 3]])
+    with torch.no_grad():
+        policy.model.logits.add_(1.0 * torch.arange(5.0))
+    reference.train()
+    assert not reference.model.training
+    assert torch.equal(reference.get_log_probabilities([[MASK, MASK]], [[2, 3]]), before)
+    assert not torch.equal(policy.get_log_probabilities([[MASK, MASK]], [[2, 3]]), before)
+
+
+def test_bad_inputs_raise_clear_errors():
+    """Invalid config fields, changed unmasked tokens and unpadded ragged inputs are refused."""
+    with pytest.raises(ValueError, match="temperature=0"):
+        MaskedFillConfig(mask_token_id=MASK, temperature=0)
+    with pytest.raises(ValueError, match="reduction='max'"):
+        MaskedFillConfig(mask_token_id=MASK, reduction="max")
+    policy = policy_for(torch.zeros(1, 3, 5))
+    with pytest.raises(ValueError, match=r"actions\[1\] differs"):
+        policy.get_log_probabilities([[MASK, 2], [MASK, 2]], [[3, 2], [3, 4]])
+    with pytest.raises(ValueError, match="pad_token_id"):
+        policy.generate_actions([[MASK, 2], [MASK]], 2)
+
+
+def test_judge_reward_is_frozen_and_scores_each_sequence():
+    """TokenJudgeReward returns judge(ids) per row, under no_grad, and train() keeps it frozen."""
+    judge = nn.Sequential(nn.Embedding(6, 1), nn.Flatten(), nn.Linear(3, 1))
+    reward = TokenJudgeReward(judge, batch_size=2).train()
+    actions = [torch.tensor([2, 3, 4]), torch.tensor([5, 5, 5]), torch.tensor([2, 2, 2])]
+    rewards = reward.compute_rewards([None] * 3, actions)
+    with torch.no_grad():
+        expected = judge(torch.stack(actions))[:, 0]
+    torch.testing.assert_close(rewards, expected, rtol=0, atol=0)
+    assert not rewards.requires_grad and not judge.training
+    assert not any(p.requires_grad for p in judge.parameters())
+
+
+K = 4  # ordinary tokens 2..5 follow the chain x_t = x_{t-1} + 1 (mod K) in "real" sequences
+
+
+class ChainJudge(nn.Module):
+    """Frozen judge: the share of transitions that follow the chain, from a fixed (V, V) table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        table = torch.zeros(2 + K, 2 + K)
+        for a in range(K):
+            table[2 + a, 2 + (a + 1) % K] = 1.0
+        self.table = nn.Parameter(table)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.table[ids[:, :-1], ids[:, 1:]].mean(-1)  # (N,)
+
+
+class ConvFill(nn.Module):
+    """A tiny bidirectional fill model: two width-3 convolutions over token embeddings."""
+
+    def __init__(self, vocab: int = 2 + K, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.conv1 = nn.Conv1d(width, width, 3, padding=1)
+        self.conv2 = nn.Conv1d(width, width, 3, padding=1)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.embed(ids).transpose(1, 2)  # (N, D, T)
+        h = torch.relu(self.conv2(torch.relu(self.conv1(h)))).transpose(1, 2)  # (N, T, D)
+        return self.head(h)  # (N, T, V)
+
+
+def chain_states(count: int, seed: int, length: int = 8) -> list[Tensor]:
+    """Real chains with two masked positions each."""
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, K, (count, 1), generator=gen)
+    ids = 2 + (start + torch.arange(length)) % K  # (count, length)
+    masked = torch.rand(count, length, generator=gen).argsort(-1)[:, :2]  # (count, 2)
+    ids.scatter_(1, masked, MASK)
+    return list(ids)
+
+
+def held_out_score(policy: MaskedFillPolicy, judge: TokenJudgeReward, states) -> float:
+    actions = [a for group in policy.generate_actions(states, 8) for a in group]
+    return judge.compute_rewards([None] * len(actions), actions).mean().item()
+
+
+def test_short_grpo_run_raises_held_out_judge_score_and_freezes_judge_and_reference():
+    """GRPOTrainer raises the judge score on held-out inputs; judge and reference never change."""
+    from grpo.config import GRPOConfig
+    from grpo.trainer import GRPOTrainer
+
+    torch.manual_seed(0)
+    config = MaskedFillConfig(mask_token_id=MASK, suppress_token_ids=(PAD, MASK))
+    policy = MaskedFillPolicy(ConvFill(), config)
+    judge = TokenJudgeReward(ChainJudge())
+    train_states, held_out = chain_states(256, seed=1), chain_states(64, seed=2)
+    grpo_config = GRPOConfig(
+        group_size=8, batch_size=64, num_epochs_per_update=1, kl_coeff=0.01,
+        entropy_coeff=0.0, ref_update_frequency=0, learning_rate=3e-3,
+    )  # fmt: skip
+    trainer = GRPOTrainer(policy, judge, config=grpo_config)
+    judge_before = {k: v.clone() for k, v in judge.judge.state_dict().items()}
+    reference_before = {k: v.clone() for k, v in trainer.reference_policy.state_dict().items()}
+    before = held_out_score(policy, judge, held_out)
+    for step in range(30):
+        metrics = trainer.train_step(train_states[(step * 16) % 256 :][:16])
+    after = held_out_score(policy, judge, held_out)
+    assert after > before + 0.25, (before, after)
+    assert metrics["kl/mean"] > 0
+    for name, value in judge.judge.state_dict().items():
+        assert torch.equal(value, judge_before[name])
+    for name, value in trainer.reference_policy.state_dict().items():
+        assert torch.equal(value, reference_before[name])
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A 1-layer BERT masked LM with random weights, saved and reloaded via AutoModelForMaskedLM."""
+    from transformers import AutoModelForMaskedLM, BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, pad_token_id=PAD,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny_bert")
+    BertForMaskedLM(config).save_pretrained(path)
+    return AutoModelForMaskedLM.from_pretrained(path)

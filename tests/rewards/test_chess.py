@@ -1,0 +1,43 @@
+"""Tests for grpo.rewards.chess: move legality with python-chess."""
+
+import pytest
+
+pytest.importorskip("chess")
+
+from grpo.rewards.chess import MoveCheck, check_moves, legal_move_reward, legal_moves  # noqa: E402
+
+START = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+# White king a1, white pawn a7 (promotes), black king h8: hand-countable moves.
+PROMOTION = "7k/P7/8/8/8/8/8/K7 w - - 0 1"
+
+
+def test_start_position_has_twenty_moves():
+    """The initial position has exactly 20 legal moves: 16 pawn moves and 4 knight moves."""
+    moves = legal_moves(START)
+    assert len(moves) == 20
+    assert {"e2e4", "g1f3", "a2a3"} <= moves and "e2e5" not in moves
+
+
+def test_promotion_position_moves_by_hand():
+    """K on a1 has a2, b1, b2; the a7 pawn promotes on a8 to q, r, b, n: 7 moves."""
+    assert legal_moves(PROMOTION) == {"a1a2", "a1b1", "a1b2", "a7a8q", "a7a8r", "a7a8b", "a7a8n"}
+
+
+def test_check_moves_splits_legal_illegal_repeated():
+    """Distinct legal moves in order, illegal and malformed ones apart, repeats counted."""
+    result = check_moves(START, ["e2e4", "e2e4", "e7e5", "zz", "d2d4"])
+    assert result == MoveCheck(("e2e4", "d2d4"), ("e7e5", "zz"), 1, 20)
+
+
+def test_legal_move_reward_exact():
+    """1.0 for a single legal UCI move of the row's position, else 0.0."""
+    scores = legal_move_reward(
+        ["", "", ""], [" e2e4\n", "e2e5", "a7a8q"], [START, START, PROMOTION]
+    )
+    assert scores == [1.0, 0.0, 1.0]
+
+
+def test_invalid_fen_is_named():
+    """A malformed FEN raises ValueError quoting it."""
+    with pytest.raises(ValueError, match="not a valid FEN"):
+        legal_moves("not a fen")

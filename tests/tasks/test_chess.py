@@ -1,0 +1,86 @@
+"""Tests for grpo.tasks.chess: the move-listing reward, dataset and evaluation (seed 001)."""
+
+import pytest
+
+pytest.importorskip("chess")
+
+from grpo.rewards.chess import legal_moves  # noqa: E402
+from grpo.tasks.chess import (  # noqa: E402
+    START_FEN,
+    ChessRewardConfig,
+    evaluate,
+    generate_dataset,
+    make_reward,
+    parse_move_list,
+    reward,
+    score_completion,
+)
+
+PROMOTION = "7k/P7/8/8/8/8/8/K7 w - - 0 1"  # 7 legal moves: a1a2 a1b1 a1b2 a7a8{q,r,b,n}
+ALL_START = "M: " + " ".join(sorted(legal_moves(START_FEN)))
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("M: e2e4 d2d4", 2 / 20),  # 2 of 20 legal moves, nothing illegal
+        (ALL_START, 1.0),  # every legal move
+        ("  " + ALL_START + "\n", 1.0),  # surrounding whitespace is fine
+        (ALL_START + " zz", 1.0 - 0.5 * 1 / 21),  # one malformed move among 21 listed
+        ("M: e2e4 e2e4 e7e5", 1 / 20 - 0.5 * 1 / 2),  # the repeat is ignored; e7e5 is black's
+        ("M: e7e5 a1a8", 0.0 - 0.5 * 2 / 2),  # all illegal
+        ("e2e4 d2d4", -1.0),  # no "M:" prefix
+        ("M:", -1.0),  # no moves
+        ("M: e2e4\nM: d2d4", -1.0),  # more than one line
+    ],
+)
+def test_reward_on_hand_made_answers(completion, expected):
+    """Exact reward: coverage - 0.5 * illegal share, or -1 for a broken format."""
+    assert score_completion(START_FEN, completion) == pytest.approx(expected, rel=1e-9)
+
+
+def test_reward_callable_and_config():
+    """The reward reads the fen column; the penalties come from the config."""
+    completions = ["M: a7a8q a7a8n a1b1", "M: a7a8q h1h2", "nothing"]
+    assert reward([""] * 3, completions, [PROMOTION] * 3) == pytest.approx(
+        [3 / 7, 1 / 7 - 0.5 / 2, -1.0]
+    )
+    harsh = make_reward(ChessRewardConfig(illegal_penalty=2.0, format_penalty=0.25))
+    assert harsh([""] * 2, completions[1:], [PROMOTION] * 2) == pytest.approx([1 / 7 - 1.0, -0.25])
+    with pytest.raises(ValueError, match="illegal_penalty"):
+        ChessRewardConfig(illegal_penalty=-1)
+
+
+def test_parse_move_list():
+    """Only one 'M:' line with at least one move parses."""
+    assert parse_move_list(" M: e2e4  d2d4 ") == ["e2e4", "d2d4"]
+    assert parse_move_list("M:e2e4") is None and parse_move_list("moves: e2e4") is None
+
+
+def test_dataset_is_seeded_and_splits_are_disjoint():
+    """Same seed, same rows; stored legal moves match python-chess; train and held-out never share a FEN."""
+    first = generate_dataset(12, seed=3, max_plies=12)
+    assert first == generate_dataset(12, seed=3, max_plies=12)
+    assert first != generate_dataset(12, seed=4, max_plies=12)
+    held_out = generate_dataset(12, split="held_out", seed=3, max_plies=12)
+    assert not {r["fen"] for r in first} & {r["fen"] for r in held_out}
+    for row in first:
+        assert row["prompt"] == f"FEN: {row['fen']}\n"
+        assert set(row["legal_moves"].split()) == legal_moves(row["fen"])
+    assert len({r["fen"] for r in first}) == 12
+
+
+def test_evaluate_oracle_and_garbage():
+    """An oracle listing every legal move scores 1 everywhere; garbage scores -1 and format 0."""
+    rows = generate_dataset(5, seed=0, max_plies=10)
+    by_prompt = {r["prompt"]: "M: " + r["legal_moves"] for r in rows}
+    perfect = evaluate(lambda ps: [by_prompt[p] for p in ps], rows)
+    assert perfect == {
+        "reward": 1.0,
+        "format_rate": 1.0,
+        "precision": 1.0,
+        "coverage": 1.0,
+        "num_positions": 5.0,
+    }
+    garbage = evaluate(lambda ps: ["I don't know"] * len(ps), rows)
+    assert garbage["reward"] == -1.0 and garbage["format_rate"] == 0.0

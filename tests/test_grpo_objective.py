@@ -1,0 +1,146 @@
+"""GRPOObjective: the right inputs reach the maths core; values and gradients by hand."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from toy_models import SequencePolicy, TablePolicy, token_count_reward
+
+from grpo.experience_collector import ExperienceCollector
+from grpo.grpo_objective import GRPOObjective
+from grpo.records import ExperienceBatch
+
+STATES = [0, 1, 2]
+ACTIONS = [[0, 2], [1, 1], [2, 0]]  # (B, G) = (3, 2)
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])  # (N,)
+
+
+def _batch(policy):
+    """A batch whose old log-probs are the policy's current ones (ratio 1)."""
+    flat_states = [s for s in STATES for _ in range(2)]
+    flat_actions = [a for g in ACTIONS for a in g]
+    old = policy.get_log_probabilities(flat_states, flat_actions).detach().view(3, 2)
+    return ExperienceBatch(STATES, ACTIONS, [[0.0, 0.0]] * 3, old.tolist())
+
+
+def test_gradient_at_ratio_one_is_the_policy_gradient():
+    """At ratio 1, ∇L = -(1/N) Σ_n A_n (onehot(a_n) - softmax(logits[s_n])), exactly."""
+    policy = TablePolicy(3, 3, seed=0)
+    objective = GRPOObjective(kl_coeff=0.0, entropy_coeff=0.0)
+    out = objective.compute_loss(policy, None, _batch(policy), ADVANTAGES)
+    out["total_loss"].backward()
+    probs = torch.softmax(policy.logits.detach(), -1)
+    expected = torch.zeros(3, 3)
+    flat = [(s, a) for s, g in zip(STATES, ACTIONS, strict=True) for a in g]
+    for (s, a), adv in zip(flat, ADVANTAGES.tolist(), strict=True):
+        expected[s] -= adv * (torch.nn.functional.one_hot(torch.tensor(a), 3) - probs[s]) / 6
+    torch.testing.assert_close(policy.logits.grad, expected, rtol=1e-5, atol=1e-7)
+    assert out["total_loss"].item() == pytest.approx(-ADVANTAGES.mean().item(), abs=1e-7)
+    assert out["kl_penalty"].item() == 0.0 and out["entropy_bonus"].item() == 0.0
+
+
+def test_clipped_and_reinforce_agree_at_ratio_one():
+    """Selecting loss_type='reinforce' gives the same gradient as 'clipped' when on-policy."""
+    grads = []
+    for loss_type in ("clipped", "reinforce"):
+        policy = TablePolicy(3, 3, seed=0)
+        GRPOObjective(loss_type=loss_type, kl_coeff=0.0, entropy_coeff=0.0).compute_loss(
+            policy, None, _batch(policy), ADVANTAGES
+        )["total_loss"].backward()
+        grads.append(policy.logits.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-6, atol=0)
+
+
+def test_kl_penalty_is_k3_against_the_reference():
+    """kl_penalty = λ · mean_n [exp(ref - lp) - (ref - lp) - 1] with the reference's log-probs."""
+    policy, reference = TablePolicy(3, 3, seed=0), TablePolicy(3, 3, seed=1)
+    batch = _batch(policy)
+    out = GRPOObjective(kl_coeff=0.5, entropy_coeff=0.0).compute_loss(
+        policy, reference, batch, ADVANTAGES
+    )
+    lp = policy.get_log_probabilities(batch.flat_states(), batch.flat_actions()).tolist()
+    ref = reference.get_log_probabilities(batch.flat_states(), batch.flat_actions()).tolist()
+    k3 = [math.exp(r - p) - (r - p) - 1 for p, r in zip(lp, ref, strict=True)]
+    assert out["kl_penalty"].item() == pytest.approx(0.5 * sum(k3) / 6, rel=1e-5)
+    total = out["policy_loss"] + out["kl_penalty"] - out["entropy_bonus"]
+    assert out["total_loss"].item() == pytest.approx(total.item(), rel=1e-6)
+    assert reference.logits.grad is None  # scored under no_grad
+
+
+class Untouchable(TablePolicy):
+    """A reference that must never be scored."""
+
+    def get_log_probabilities(self, states, actions):
+        raise AssertionError("reference policy was evaluated")
+
+
+def test_reference_skipped_when_kl_off_or_missing():
+    """kl_coeff=0 never scores the reference; reference None gives a zero KL term."""
+    policy = TablePolicy(3, 3)
+    out = GRPOObjective(kl_coeff=0.0, entropy_coeff=0.0).compute_loss(
+        policy, Untouchable(3, 3), _batch(policy), ADVANTAGES
+    )
+    assert out["kl_penalty"].item() == 0.0
+    out = GRPOObjective(kl_coeff=0.1, entropy_coeff=0.0).compute_loss(
+        policy, None, _batch(policy), ADVANTAGES
+    )
+    assert out["kl_penalty"].item() == 0.0
+
+
+def test_entropy_bonus_uses_reported_entropy():
+    """entropy_bonus = β · mean_n (Σ_t H_nt / |o_n|) from TokenLogProbs.entropy."""
+    torch.manual_seed(0)
+    policy = SequencePolicy(2, 3, max_length=3)
+    batch = ExperienceCollector(policy, token_count_reward(), 3).collect_experiences([0, 1])
+    out = GRPOObjective(kl_coeff=0.0, entropy_coeff=0.1).compute_loss(
+        policy, None, batch, torch.zeros(6)
+    )
+    logp = torch.log_softmax(policy.logits.detach(), -1)  # (S, L, V)
+    entropy = -(logp.exp() * logp).sum(-1)  # (S, L)
+    per_seq = [
+        entropy[s, : len(a)].mean().item()
+        for s, a in zip(batch.flat_states(), batch.flat_actions(), strict=True)
+    ]
+    assert out["entropy_bonus"].item() == pytest.approx(0.1 * sum(per_seq) / 6, rel=1e-5)
+    assert out["ratio/mean"].item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_missing_entropy_warns_once_and_adds_nothing():
+    """A policy without entropy gets a zero bonus and one warning, not one per call."""
+    policy = TablePolicy(3, 3)
+    objective = GRPOObjective(kl_coeff=0.0, entropy_coeff=0.5)
+    with pytest.warns(UserWarning, match="reports no entropy"):
+        out = objective.compute_loss(policy, None, _batch(policy), ADVANTAGES)
+    assert out["entropy_bonus"].item() == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        objective.compute_loss(policy, None, _batch(policy), ADVANTAGES)
+
+
+def test_advantages_of_wrong_length_rejected():
+    """Advantages must have one entry per sampled action."""
+    policy = TablePolicy(3, 3)
+    with pytest.raises(ValueError, match=r"advantages: expected shape \(6,\).*got \(5,\)"):
+        GRPOObjective().compute_loss(policy, None, _batch(policy), ADVANTAGES[:5])
+
+
+def test_token_logprobs_trimmed_to_a_shorter_mini_batch():
+    """Scoring a subset of short sequences reuses the rollout's wider (N, T) old log-probs."""
+    torch.manual_seed(3)
+    policy = SequencePolicy(2, 3, max_length=4)
+    batch = ExperienceCollector(policy, token_count_reward(), 4).collect_experiences([0, 1])
+    short = [
+        n for n, a in enumerate(batch.flat_actions()) if len(a) < batch.completion_mask.shape[1]
+    ]
+    assert short, "seed must give at least one sequence shorter than the longest"
+    sub = ExperienceBatch(
+        [batch.flat_states()[n] for n in short],
+        [[batch.flat_actions()[n]] for n in short],
+        [[0.0]] * len(short),
+        [[0.0]] * len(short),
+        batch.old_token_logprobs[short],
+        batch.completion_mask[short],
+    )
+    out = GRPOObjective(kl_coeff=0.0).compute_loss(policy, None, sub, torch.ones(len(short)))
+    assert out["ratio/mean"].item() == pytest.approx(1.0, abs=1e-6)

@@ -1,0 +1,181 @@
+"""Tiny causal language models with random weights, built and saved locally for tests.
+
+Nothing is downloaded: a byte-level BPE tokenizer is trained here with `tokenizers`
+over a small generated corpus, a transformers config class gets random weights,
+and both are written with `save_pretrained` so that tests load them back through
+`from_pretrained`, exactly as a user's model would be loaded.
+
+    path = build_tiny_causal_lm(tmp_dir / "qwen2", arch="qwen2")
+    model, tokenizer = load_tiny_causal_lm(path)
+
+Vocabulary: `WORDS` (plain words), the special tokens `PAD`, `EOS`, `UNK` and
+the chat-role tokens `<|system|>`, `<|user|>`, `<|assistant|>`, `<|end|>`.
+Text is words separated by single spaces; every word (with or without its leading
+space) is one byte-level BPE token. The chat template renders `<|role|>content<|end|>` per message and ends with
+`<|assistant|>` when `add_generation_prompt=True`.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+__all__ = [
+    "ARCHS",
+    "CHAT_TEMPLATE",
+    "EOS",
+    "PAD",
+    "ROLE_TOKENS",
+    "UNK",
+    "WORDS",
+    "build_tiny_causal_lm",
+    "build_tokenizer",
+    "load_tiny_causal_lm",
+    "random_words",
+    "supervised_warm_start",
+]
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+WORDS = tuple("abcdefghijklmnop") + (
+    "say", "write", "count", "yes", "no", "red", "blue", "green", "the", "answer", ":",
+)  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+ARCHS = ("qwen2", "llama", "gpt2")
+
+
+def random_words(rng: random.Random, low: int, high: int, words: tuple[str, ...] = WORDS) -> str:
+    """Between `low` and `high` (inclusive) words drawn uniformly, space-separated."""
+    return " ".join(rng.choice(words) for _ in range(rng.randint(low, high)))
+
+
+def build_tokenizer(*, with_pad: bool = True, seed: int = 0) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on a generated corpus, with a chat template.
+
+    `with_pad=False` leaves the pad token unset (as many base models ship).
+    """
+    rng = random.Random(seed)
+    corpus = [random_words(rng, 3, 12) for _ in range(300)] + [" ".join(WORDS)] * 5
+    specials = [PAD, EOS, UNK, *ROLE_TOKENS]
+    # byte-level BPE, the layout of GPT-2 and Qwen2 tokenizers (transformers rebuilds a
+    # Qwen2 tokenizer from vocab + merges, so the pipeline must be the one it expects)
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + len(specials) + 120,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD if with_pad else None,
+        additional_special_tokens=list(ROLE_TOKENS),
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _config(arch: str, vocab_size: int, pad_id: int | None, eos_id: int, max_positions: int):
+    special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": eos_id}
+    if arch == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size, n_positions=max_positions, n_embd=32, n_layer=2, n_head=4,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **special,
+        )  # fmt: skip
+    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(arch)
+    if config_class is None:
+        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}")
+    return config_class(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        tie_word_embeddings=arch == "qwen2", **special,
+    )  # fmt: skip
+
+
+def build_tiny_causal_lm(
+    path: str | Path,
+    arch: str = "qwen2",
+    *,
+    seed: int = 0,
+    with_pad: bool = True,
+    max_positions: int = 64,
+) -> Path:
+    """Save a random-init `arch` model (hidden 32, 2 layers) and its tokenizer to `path`."""
+    path = Path(path)
+    tokenizer = build_tokenizer(with_pad=with_pad)
+    pad_id = tokenizer.pad_token_id if with_pad else None
+    config = _config(arch, len(tokenizer), pad_id, tokenizer.eos_token_id, max_positions)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_tiny_causal_lm(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Load what `build_tiny_causal_lm` saved, in fp32, through `from_pretrained`."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def supervised_warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    pairs: list[tuple[str, str]],
+    *,
+    steps: int = 40,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """A few steps of SFT on (prompt, completion) pairs: loss on completion tokens + EOS.
+
+    Makes a random-init model emit the words a task rewards some of the time,
+    so that a short GRPO run has signal. Returns the loss per step.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for prompt, completion in pairs:
+        p = tokenizer(prompt)["input_ids"]
+        c = tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((p + c, [-100] * len(p) + c))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        picks = torch.randint(len(rows), (batch_size,), generator=gen).tolist()
+        width = max(len(rows[i][0]) for i in picks)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        ids = torch.tensor([rows[i][0] + [pad] * (width - len(rows[i][0])) for i in picks])
+        labels = torch.tensor([rows[i][1] + [-100] * (width - len(rows[i][1])) for i in picks])
+        mask = torch.tensor([[1] * len(rows[i][0]) + [0] * (width - len(rows[i][0])) for i in picks])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses

@@ -22,7 +22,9 @@ import torch
 __all__ = ["PromptSampler", "check_prompt_lengths", "load_prompts"]
 
 
-def load_prompts(source: Any, *, prompt_key: str = "prompt", name: str = "dataset") -> list[dict[str, Any]]:
+def load_prompts(
+    source: Any, *, prompt_key: str = "prompt", name: str = "dataset"
+) -> list[dict[str, Any]]:
     """Rows of `source` as validated prompt records (prompt under the key "prompt")."""
     if isinstance(source, (str, os.PathLike)):
         rows, where = _read_jsonl(Path(source), name), "line"
@@ -56,7 +58,9 @@ def _read_jsonl(path: Path, name: str) -> list[Any]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{name} line {number} of {str(path)!r} is not valid JSON: {err}") from err
+                raise ValueError(
+                    f"{name} line {number} of {str(path)!r} is not valid JSON: {err}"
+                ) from err
     return rows
 
 
@@ -65,7 +69,9 @@ def _record(row: Any, prompt_key: str, where: str) -> dict[str, Any]:
     if isinstance(row, str) or (isinstance(row, list) and row and isinstance(row[0], Mapping)):
         row = {prompt_key: row}  # a bare prompt
     if not isinstance(row, Mapping):
-        raise TypeError(f"{where}: got {type(row).__name__}; allowed: a dict with a {prompt_key!r} key")
+        raise TypeError(
+            f"{where}: got {type(row).__name__}; allowed: a dict with a {prompt_key!r} key"
+        )
     if prompt_key not in row:
         raise ValueError(f"{where}: no {prompt_key!r} key; it has {sorted(row)}")
     record = {k: v for k, v in row.items() if k != prompt_key}
@@ -85,8 +91,7 @@ def _check_prompt(prompt: Any, where: str) -> str | list[dict[str, str]]:
             ok = isinstance(message, Mapping) and isinstance(message.get("role"), str)
             if not (ok and isinstance(message.get("content"), str)):
                 raise ValueError(
-                    f"{where}: message {j} is {message!r}; allowed: "
-                    "{'role': str, 'content': str}"
+                    f"{where}: message {j} is {message!r}; allowed: {{'role': str, 'content': str}}"
                 )
         return [dict(m) for m in prompt]
     raise ValueError(
@@ -95,7 +100,9 @@ def _check_prompt(prompt: Any, where: str) -> str | list[dict[str, str]]:
     )
 
 
-def check_prompt_lengths(rows: Sequence[Mapping[str, Any]], policy: Any, *, name: str = "dataset") -> None:
+def check_prompt_lengths(
+    rows: Sequence[Mapping[str, Any]], policy: Any, *, name: str = "dataset"
+) -> None:
     """Fail before training if any row's prompt does not fit the policy's context."""
     for i, row in enumerate(rows):
         try:
@@ -107,7 +114,14 @@ def check_prompt_lengths(rows: Sequence[Mapping[str, Any]], policy: Any, *, name
 class PromptSampler:
     """Endless batches of B prompt records, reshuffled each pass (seeded)."""
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]], batch_size: int, *, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
         if not rows:
             raise ValueError("rows is empty; the sampler needs at least one prompt")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -127,7 +141,9 @@ class PromptSampler:
         while len(batch) < self.batch_size:
             if not self._order:
                 n = len(self.rows)
-                perm = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+                perm = (
+                    torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+                )
                 self._order = perm.tolist()
             batch.append(self.rows[self._order.pop(0)])
         return batch

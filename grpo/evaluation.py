@@ -61,12 +61,16 @@ def evaluate(
             scored = [v for v in values["accuracy"] if v is not None]
             metrics[f"{prefix}/accuracy"] = sum(scored) / len(scored) if scored else float("nan")
         for n in range(0, min(num_logged_samples * k, len(actions)), k):
-            samples.append({
-                "mode": mode,
-                "prompt": states[n].get("prompt") if isinstance(states[n], Mapping) else states[n],
-                "completion": getattr(actions[n], "text", actions[n]),
-                "reward": float(rewards[n]),
-            })  # fmt: skip
+            samples.append(
+                {
+                    "mode": mode,
+                    "prompt": states[n].get("prompt")
+                    if isinstance(states[n], Mapping)
+                    else states[n],
+                    "completion": getattr(actions[n], "text", actions[n]),
+                    "reward": float(rewards[n]),
+                }
+            )
     return metrics, samples
 
 
@@ -79,7 +83,7 @@ def _generate(
     for start in range(0, len(prompts), batch_size):
         batch = list(prompts[start : start + batch_size])
         groups = policy.generate_actions(batch, k, **overrides)
-        for state, group in zip(batch, groups):
+        for state, group in zip(batch, groups, strict=True):
             states.extend([state] * len(group))
             actions.extend(group)
     return states, actions

@@ -78,11 +78,17 @@ class ScheduleConfig:
         _positive_int("schedule", "num_steps", self.num_steps)
         _positive_int("schedule", "warmup_steps", self.warmup_steps, minimum=0)
         if not isinstance(self.learning_rate, (int, float)) or not self.learning_rate > 0:
-            raise ValueError(f"schedule.learning_rate: got {self.learning_rate!r}; allowed: a number > 0")
+            raise ValueError(
+                f"schedule.learning_rate: got {self.learning_rate!r}; allowed: a number > 0"
+            )
         if self.lr_scheduler not in SCHEDULERS:
-            raise ValueError(f"schedule.lr_scheduler: got {self.lr_scheduler!r}; allowed: {', '.join(SCHEDULERS)}")
+            raise ValueError(
+                f"schedule.lr_scheduler: got {self.lr_scheduler!r}; allowed: {', '.join(SCHEDULERS)}"
+            )
         if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
-            raise ValueError(f"schedule.weight_decay: got {self.weight_decay!r}; allowed: a number >= 0")
+            raise ValueError(
+                f"schedule.weight_decay: got {self.weight_decay!r}; allowed: a number >= 0"
+            )
 
 
 @dataclass
@@ -147,10 +153,16 @@ class TextGRPOConfig:
     def __post_init__(self) -> None:
         _positive_int("config", "prompts_per_step", self.prompts_per_step)
         _positive_int("config", "seed", self.seed, minimum=0)
-        for name, kind in (("grpo", GRPOConfig), ("policy", CausalLMSettings), ("schedule", ScheduleConfig),
-                           ("evaluation", EvalConfig)):
+        for name, kind in (
+            ("grpo", GRPOConfig),
+            ("policy", CausalLMSettings),
+            ("schedule", ScheduleConfig),
+            ("evaluation", EvalConfig),
+        ):
             if not isinstance(getattr(self, name), kind):
-                raise TypeError(f"config.{name}: got {type(getattr(self, name)).__name__}; allowed: {kind.__name__}")
+                raise TypeError(
+                    f"config.{name}: got {type(getattr(self, name)).__name__}; allowed: {kind.__name__}"
+                )
 
 
 def _as_sink(sink: Any) -> Callable[[dict[str, Any], int], None]:
@@ -163,7 +175,9 @@ def _as_sink(sink: Any) -> Callable[[dict[str, Any], int], None]:
         return sink.log
     if callable(sink):
         return sink
-    raise TypeError(f"sink: got {type(sink).__name__}; allowed: a metrics logger, a callable, a list or None")
+    raise TypeError(
+        f"sink: got {type(sink).__name__}; allowed: a metrics logger, a callable, a list or None"
+    )
 
 
 class TextGRPOTrainer:
@@ -184,7 +198,9 @@ class TextGRPOTrainer:
         self.reward = reward if isinstance(reward, TextReward) else TextReward(reward)
         self.policy = policy if policy is not None else self._load_policy()
         self.train_prompts = load_prompts(train_prompts, name="train_prompts")
-        self.eval_prompts = None if eval_prompts is None else load_prompts(eval_prompts, name="eval_prompts")
+        self.eval_prompts = (
+            None if eval_prompts is None else load_prompts(eval_prompts, name="eval_prompts")
+        )
         check_prompt_lengths(self.train_prompts, self.policy, name="train_prompts")
         if self.eval_prompts is not None:
             check_prompt_lengths(self.eval_prompts, self.policy, name="eval_prompts")
@@ -193,13 +209,17 @@ class TextGRPOTrainer:
         self.sampler = PromptSampler(self.train_prompts, config.prompts_per_step, seed=config.seed)
         schedule = config.schedule
         params = list(self.policy.get_parameters().values())
-        self.optimizer = torch.optim.AdamW(params, lr=schedule.learning_rate, weight_decay=schedule.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=schedule.learning_rate, weight_decay=schedule.weight_decay
+        )
         from transformers import get_scheduler
 
         self.scheduler = get_scheduler(
-            SCHEDULERS[schedule.lr_scheduler], self.optimizer,
-            num_warmup_steps=schedule.warmup_steps, num_training_steps=schedule.num_steps,
-        )  # fmt: skip
+            SCHEDULERS[schedule.lr_scheduler],
+            self.optimizer,
+            num_warmup_steps=schedule.warmup_steps,
+            num_training_steps=schedule.num_steps,
+        )
         grpo = config.grpo
         if is_peft_model(self.policy.model) and grpo.kl_coeff > 0 and grpo.ref_update_frequency > 0:
             warnings.warn(
@@ -218,7 +238,9 @@ class TextGRPOTrainer:
         c = self.config
         if c.model_path is None:
             raise ValueError("config.model_path: got None; give a model folder or pass policy=")
-        return CausalLMPolicy.from_pretrained(c.model_path, c.policy, lora=c.lora, dtype=c.dtype, device=c.device)
+        return CausalLMPolicy.from_pretrained(
+            c.model_path, c.policy, lora=c.lora, dtype=c.dtype, device=c.device
+        )
 
     def train(self) -> list[dict[str, Any]]:
         """Evaluate, run every step (evaluating every k), evaluate, save; returns the step records."""
@@ -260,10 +282,15 @@ class TextGRPOTrainer:
             return {}
         e = self.config.evaluation
         metrics, samples = evaluate(
-            self.policy, self.eval_prompts, self.reward, accuracy=self.accuracy, modes=e.modes,
-            samples_per_prompt=e.samples_per_prompt, batch_size=e.batch_size,
+            self.policy,
+            self.eval_prompts,
+            self.reward,
+            accuracy=self.accuracy,
+            modes=e.modes,
+            samples_per_prompt=e.samples_per_prompt,
+            batch_size=e.batch_size,
             num_logged_samples=e.num_logged_samples,
-        )  # fmt: skip
+        )
         for sample in samples:
             log.info("step %d eval sample %s", self.step, sample)
         record = {**metrics, "eval/samples": samples}

@@ -50,8 +50,18 @@ __all__ = [
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 WORDS = tuple("abcdefghijklmnop") + (
-    "say", "write", "count", "yes", "no", "red", "blue", "green", "the", "answer", ":",
-)  # fmt: skip
+    "say",
+    "write",
+    "count",
+    "yes",
+    "no",
+    "red",
+    "blue",
+    "green",
+    "the",
+    "answer",
+    ":",
+)
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -99,17 +109,30 @@ def _config(arch: str, vocab_size: int, pad_id: int | None, eos_id: int, max_pos
     special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": eos_id}
     if arch == "gpt2":
         return GPT2Config(
-            vocab_size=vocab_size, n_positions=max_positions, n_embd=32, n_layer=2, n_head=4,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **special,
-        )  # fmt: skip
+            vocab_size=vocab_size,
+            n_positions=max_positions,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **special,
+        )
     config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(arch)
     if config_class is None:
         raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}")
     return config_class(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        tie_word_embeddings=arch == "qwen2", **special,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=arch == "qwen2",
+        **special,
+    )
 
 
 def build_tiny_causal_lm(
@@ -168,10 +191,14 @@ def supervised_warm_start(
     for _ in range(steps):
         picks = torch.randint(len(rows), (batch_size,), generator=gen).tolist()
         width = max(len(rows[i][0]) for i in picks)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         ids = torch.tensor([rows[i][0] + [pad] * (width - len(rows[i][0])) for i in picks])
         labels = torch.tensor([rows[i][1] + [-100] * (width - len(rows[i][1])) for i in picks])
-        mask = torch.tensor([[1] * len(rows[i][0]) + [0] * (width - len(rows[i][0])) for i in picks])
+        mask = torch.tensor(
+            [[1] * len(rows[i][0]) + [0] * (width - len(rows[i][0])) for i in picks]
+        )
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

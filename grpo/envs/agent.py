@@ -10,14 +10,19 @@
   actions are G episodes of it.
 - `EpisodeReward` is the matching reward model: an episode's total reward.
 
-How an episode is scored (a departure from seed 003, which re-tokenises the whole
-conversation once): each assistant turn is scored as its own (prompt,
-completion) pair, where the prompt is the conversation before the turn encoded
-exactly as the agent encoded it when sampling and the completion is the sampled
-ids. The episode's token log-probs are the turns' tokens laid end to end, so
-every token is scored under the very context it was sampled in, even where a
-chat template's end-of-turn token differs from the model's EOS. The policy's
-own scoring (temperature, EOS masking, micro-batches, entropy) is reused.
+How an episode is scored, by name in `EPISODE_SCORERS`:
+- ``"turns"`` (default; a departure from seed 003, which re-tokenises the whole
+  conversation once): each assistant turn is scored as its own (prompt,
+  completion) pair, the prompt being the conversation before the turn encoded
+  exactly as the agent encoded it when sampling and the completion the sampled
+  ids. The episode's token log-probs are the turns' tokens laid end to end, so
+  every token is scored under the very context it was sampled in, even where a
+  chat template's end-of-turn token differs from the model's EOS. The policy's
+  own scoring (temperature, EOS masking, micro-batches, entropy) is reused.
+- ``"conversation"`` (seed 003): one forward pass over the whole conversation
+  (`grpo.envs.scoring`), mask = assistant tokens, sampled ids spliced in when
+  known. Cheaper; exact when each turn's prompt is a prefix of the final
+  conversation, and the only choice for episodes without sampled ids. No entropy.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import torch
 from torch import Tensor
 
 from grpo.envs.base import Env, EpisodeRollout, Message
+from grpo.envs.chat_mask import rollout_tokens
 from grpo.envs.rollout import AgentOutput, collect_rollouts
+from grpo.envs.scoring import conversation_logprobs
 from grpo.protocols import TokenLogProbs
 
-__all__ = ["EpisodePolicy", "EpisodeReward", "PolicyAgent"]
+__all__ = ["EPISODE_SCORERS", "EpisodePolicy", "EpisodeReward", "PolicyAgent"]
 
 
 class PolicyAgent:
@@ -62,8 +69,12 @@ class EpisodePolicy:
         *,
         max_turns: int = 8,
         parser: Callable[[str], Any] | None = None,
+        scoring: str = "turns",
         **generation_overrides: Any,
     ) -> None:
+        if scoring not in EPISODE_SCORERS:
+            raise ValueError(f"scoring must be one of {sorted(EPISODE_SCORERS)}, got {scoring!r}")
+        self.scoring = scoring
         for name in ("generate_actions", "get_token_log_probabilities", "encode_states"):
             if not callable(getattr(policy, name, None)):
                 raise TypeError(f"policy must have {name}, got {type(policy).__name__}")
@@ -121,17 +132,10 @@ class EpisodePolicy:
     def get_token_log_probabilities(
         self, states: Sequence[Any], actions: Sequence[EpisodeRollout]
     ) -> TokenLogProbs:
-        """Per-token log-probs (N, T) of each episode's assistant tokens, laid end to end."""
+        """Per-token log-probs (N, T) of the episodes' assistant tokens, by `self.scoring`."""
         if len(states) != len(actions):
             raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
-        prompts, completions, owners = [], [], []
-        for n, rollout in enumerate(actions):
-            turn_prompts, turn_completions = self.turn_completions(rollout, n)
-            prompts += turn_prompts
-            completions += turn_completions
-            owners += [n] * len(turn_completions)
-        scored = self.policy.get_token_log_probabilities(prompts, completions)  # (M, T_turn)
-        return _pack(scored, completions, owners, len(actions))
+        return EPISODE_SCORERS[self.scoring](self, actions)
 
     def get_log_probabilities(
         self, states: Sequence[Any], actions: Sequence[EpisodeRollout]
@@ -165,8 +169,32 @@ class EpisodePolicy:
         """The same episode adapter around the policy's frozen reference."""
         return EpisodePolicy(
             self.policy.make_reference(), self.make_env, max_turns=self.max_turns,
-            parser=self.parser, **self.generation_overrides,
+            parser=self.parser, scoring=self.scoring, **self.generation_overrides,
         )  # fmt: skip
+
+
+def _score_turns(episodes: EpisodePolicy, actions: Sequence[EpisodeRollout]) -> TokenLogProbs:
+    """Every turn of every episode in one policy call, then each episode's tokens end to end."""
+    prompts, completions, owners = [], [], []
+    for n, rollout in enumerate(actions):
+        turn_prompts, turn_completions = episodes.turn_completions(rollout, n)
+        prompts += turn_prompts
+        completions += turn_completions
+        owners += [n] * len(turn_completions)
+    scored = episodes.policy.get_token_log_probabilities(prompts, completions)  # (M, T_turn)
+    return _pack(scored, completions, owners, len(actions))
+
+
+def _score_conversations(
+    episodes: EpisodePolicy, actions: Sequence[EpisodeRollout]
+) -> TokenLogProbs:
+    """One pass per whole conversation -> (N, L-1), mask = assistant tokens."""
+    policy = episodes.policy
+    tokens = [rollout_tokens(policy.tokenizer, rollout) for rollout in actions]
+    return conversation_logprobs(
+        policy.model, tokens, pad_token_id=policy.tokenizer.pad_token_id,
+        temperature=policy.settings.generation.temperature,
+    )  # fmt: skip
 
 
 def _pack(
@@ -203,6 +231,12 @@ def _pack(
     if entropy is not None:
         entropy = entropy.index_put(index, scored.entropy[source])
     return TokenLogProbs(logprobs, mask, entropy)
+
+
+EPISODE_SCORERS: dict[str, Callable[[EpisodePolicy, Sequence[EpisodeRollout]], TokenLogProbs]] = {
+    "turns": _score_turns,
+    "conversation": _score_conversations,
+}
 
 
 class EpisodeReward:

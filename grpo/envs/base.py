@@ -16,7 +16,8 @@ increments always sum to the final `reward()`.
 
 `EpisodeRollout` is seed 003's record of one finished episode, with two
 additions: `action_token_ids` (the sampled token ids of each assistant turn,
-when the agent reports them, for token-in/token-out training) and `turns`.
+when the agent reports them, for token-in/token-out training) and `truncated`
+(the turn limit ended the episode, not the environment).
 """
 
 from __future__ import annotations

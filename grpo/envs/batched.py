@@ -104,7 +104,13 @@ class BatchedEnv:
             self._step_one(index, text, None if ids is None else tuple(int(t) for t in ids), parser)
         return self.active
 
-    def _step_one(self, index: int, text: str, ids: tuple[int, ...] | None, parser) -> None:
+    def _step_one(
+        self,
+        index: int,
+        text: str,
+        ids: tuple[int, ...] | None,
+        parser: Callable[[str], ParseResult] | None,
+    ) -> None:
         self.messages[index].append({"role": "assistant", "content": text})
         self.actions[index].append(text)
         self.token_ids[index].append(ids)

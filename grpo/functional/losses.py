@@ -184,6 +184,41 @@ def _check_inputs(logprobs, old_logprobs, advantages, completion_mask, ref_logpr
             check_shape(value, name, shape, "logprobs")
 
 
+def _check_options(loss_type, aggregation, kl_estimator, eps_low, eps_high, cispo_clip_low):
+    """The per-token loss and its ratio bounds, after checking every name and epsilon."""
+    loss_fn = lookup(POLICY_LOSSES, loss_type, "loss_type")
+    lookup(AGGREGATIONS, aggregation, "aggregation")
+    lookup(KL_ESTIMATORS, kl_estimator, "kl_estimator")
+    eps_low = check_positive(eps_low, "eps_low", allow_zero=True)
+    if eps_high is None:
+        eps_high = eps_low
+    eps_high = check_positive(eps_high, "eps_high", allow_zero=True)
+    if cispo_clip_low and loss_type != "cispo":
+        raise ValueError(f"cispo_clip_low: got True with loss_type={loss_type!r}; allowed: 'cispo'")
+    # CISPO (MiniMax-M1) bounds its importance weight from above only, unless asked
+    unbounded_below = loss_type == "cispo" and not cispo_clip_low
+    return loss_fn, Clip(None if unbounded_below else 1.0 - eps_low, 1.0 + eps_high)
+
+
+def _check_terms(beta, kl_estimator, ref_logprobs, entropy_coeff, entropy):
+    """Checked (beta, entropy_coeff); warns when k1 would enter the loss."""
+    beta = check_positive(beta, "beta", allow_zero=True)
+    entropy_coeff = check_positive(entropy_coeff, "entropy_coeff", allow_zero=True)
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"ref_logprobs: got None with beta={beta}; allowed: (N, T) log-probs")
+    if entropy_coeff > 0 and entropy is None:
+        raise ValueError(f"entropy: got None with entropy_coeff={entropy_coeff}; allowed: (N, T)")
+    if beta > 0 and kl_estimator == "k1":
+        warnings.warn(
+            "kl_estimator='k1' in the loss has zero expected gradient, so it does not pull the "
+            "policy towards the reference. Use 'k3' or 'k2', or subtract beta * k1 from the "
+            "reward instead (a reward-side KL penalty).",
+            UserWarning,
+            stacklevel=3,
+        )
+    return beta, entropy_coeff
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,
@@ -216,29 +251,10 @@ def policy_loss(
     "entropy/mean" (when entropy is given).
     """
     _check_inputs(logprobs, old_logprobs, advantages, completion_mask, ref_logprobs, entropy)
-    loss_fn = lookup(POLICY_LOSSES, loss_type, "loss_type")
-    lookup(AGGREGATIONS, aggregation, "aggregation")
-    lookup(KL_ESTIMATORS, kl_estimator, "kl_estimator")
-    eps_low = check_positive(eps_low, "eps_low", allow_zero=True)
-    eps_high = (
-        eps_low if eps_high is None else check_positive(eps_high, "eps_high", allow_zero=True)
+    loss_fn, clip = _check_options(
+        loss_type, aggregation, kl_estimator, eps_low, eps_high, cispo_clip_low
     )
-    beta = check_positive(beta, "beta", allow_zero=True)
-    entropy_coeff = check_positive(entropy_coeff, "entropy_coeff", allow_zero=True)
-    if beta > 0 and ref_logprobs is None:
-        raise ValueError(f"ref_logprobs: got None with beta={beta}; allowed: (N, T) log-probs")
-    if entropy_coeff > 0 and entropy is None:
-        raise ValueError(f"entropy: got None with entropy_coeff={entropy_coeff}; allowed: (N, T)")
-    if cispo_clip_low and loss_type != "cispo":
-        raise ValueError(f"cispo_clip_low: got True with loss_type={loss_type!r}; allowed: 'cispo'")
-    if beta > 0 and kl_estimator == "k1":
-        warnings.warn(
-            "kl_estimator='k1' in the loss has zero expected gradient, so it does not pull the "
-            "policy towards the reference. Use 'k3' or 'k2', or subtract beta * k1 from the "
-            "reward instead (a reward-side KL penalty).",
-            UserWarning,
-            stacklevel=2,
-        )
+    beta, entropy_coeff = _check_terms(beta, kl_estimator, ref_logprobs, entropy_coeff, entropy)
     mask = completion_mask
 
     def total(values: Tensor) -> Tensor:  # the chosen denominator, padding ignored
@@ -247,7 +263,6 @@ def policy_loss(
     # padding is zeroed before any arithmetic so NaN/inf there can reach nothing
     logprobs = _masked(logprobs, mask)  # (N, T)
     old = logprobs.detach() if old_logprobs is None else _masked(old_logprobs.detach(), mask)
-    clip = Clip(1.0 - eps_low if loss_type != "cispo" or cispo_clip_low else None, 1.0 + eps_high)
     token = loss_fn(logprobs, old, advantages.detach()[:, None], mask, clip)  # (N, T) each
 
     zero = logprobs.new_zeros(())

@@ -2,21 +2,12 @@
 
 States are prompt records (a dict with "prompt" plus any dataset columns, or a
 bare prompt: a str, or a list of chat messages); actions are `Completion`
-records holding the sampled token ids. Sampling is in `sampling.py`.
+records holding the sampled token ids, so scoring never re-tokenises text.
+Sampling (seed 001: eval mode, no_grad, G contiguous copies of each prompt)
+is in `sampling.py`; scoring (seeds 001 and 003: one forward, causal shift,
+sampling temperature, EOS mask) in `scoring.py`.
 
-Scoring follows seeds 001 and 003: one forward pass over the left-padded
-prompt followed by the right-padded completion; the logits at position t score
-token t + 1 (`grpo.functional.completion_logprobs`), divided by the sampling
-temperature. Position ids are counted over real tokens only, so a row scores
-the same with or without left padding.
-
-Departures and choices:
-- The completion mask ends at the first EOS (counted); later tokens never
-  count and get log-prob 0 with no gradient. `mask_truncated_completions`
-  masks whole completions that hit max_new_tokens without finishing
-  (DAPO's overlong filtering, Yu et al. 2025).
-- Only the last T + 1 logits are computed (`logits_to_keep`) where the model
-  supports it, and rows go through in micro-batches, to bound memory.
+Choices:
 - Dropout is switched off by default (`disable_dropout`): with dropout, the
   same tokens get different log-probs on every pass, and the importance
   ratio π/π_old is noise even before any update.
@@ -33,10 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpo.functional.logprobs import completion_logprobs, entropy_from_logits
 from grpo.policies.completion import Completion
 from grpo.policies.loading import (
     LoraSettings,
@@ -51,10 +40,10 @@ from grpo.policies.sampling import (
     GenerationSettings,
     encode_prompt,
     get_prompt,
-    left_pad,
     sample_token_ids,
     split_completion,
 )
+from grpo.policies.scoring import score_completions
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings"]
@@ -79,7 +68,9 @@ class CausalLMSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, GenerationSettings):
-            raise TypeError(f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings")
+            raise TypeError(
+                f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings"
+            )
         mb = self.micro_batch_size
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
@@ -88,7 +79,9 @@ class CausalLMSettings:
 class CausalLMPolicy:
     """Samples `Completion`s from a causal LM and scores their tokens (PolicyModel + TokenLevelPolicy)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, settings: CausalLMSettings | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, tokenizer: Any, settings: CausalLMSettings | None = None
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = CausalLMSettings() if settings is None else settings
@@ -183,7 +176,9 @@ class CausalLMPolicy:
         G = num_actions_per_state
         if isinstance(G, bool) or not isinstance(G, int) or G < 1:
             raise ValueError(f"num_actions_per_state: got {G!r}; allowed: an integer >= 1")
-        settings = self.settings.generation.replace(**overrides) if overrides else self.settings.generation
+        settings = (
+            self.settings.generation.replace(**overrides) if overrides else self.settings.generation
+        )
         prompt_rows = self.encode_states(states)
         rows = [ids for ids in prompt_rows for _ in range(G)]  # (N,) groups contiguous
         seed = None if settings.seed is None else settings.seed + self._sampling_calls
@@ -197,11 +192,15 @@ class CausalLMPolicy:
                 )
         finally:
             self.model.train(was_training)
-        completions = [self._completion(p, ids, settings) for p, ids in zip(rows, new_ids)]
+        completions = [
+            self._completion(p, ids, settings) for p, ids in zip(rows, new_ids, strict=True)
+        ]
         self.rollout_metrics = _generation_metrics(completions)
         return [completions[i * G : (i + 1) * G] for i in range(len(states))]
 
-    def _completion(self, prompt_ids: list[int], new_ids: list[int], settings: GenerationSettings) -> Completion:
+    def _completion(
+        self, prompt_ids: list[int], new_ids: list[int], settings: GenerationSettings
+    ) -> Completion:
         ids, by_eos, stopped = split_completion(
             new_ids, set(self.eos_token_ids), settings.stop_strings, self.tokenizer
         )
@@ -242,87 +241,6 @@ class CausalLMPolicy:
         return save_model(self.model, self.tokenizer, path, merged=merged)
 
 
-def score_completions(
-    policy: CausalLMPolicy,
-    model: nn.Module,
-    states: Sequence[Any],
-    actions: Sequence[Completion],
-    *,
-    record_metrics: bool = False,
-) -> TokenLogProbs:
-    """Score `actions` with `model` in micro-batches -> TokenLogProbs padded to the longest T.
-
-    `record_metrics`: a no-grad pass (the rollout) stores its mean entropy in
-    `policy.rollout_metrics`.
-    """
-    if len(states) != len(actions):
-        raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
-    for n, action in enumerate(actions):
-        if not isinstance(action, Completion):
-            raise TypeError(f"action {n}: got {type(action).__name__}; allowed: Completion")
-    T = max([a.num_tokens for a in actions] + [1])
-    step = policy.settings.micro_batch_size
-    parts = [_score_micro_batch(policy, model, actions[s : s + step]) for s in range(0, len(actions), step)]
-    logprobs = torch.cat([F.pad(p[0], (0, T - p[0].shape[1])) for p in parts])  # (N, T)
-    mask = torch.cat([F.pad(p[1], (0, T - p[1].shape[1])) for p in parts])  # (N, T)
-    entropy = None
-    if policy.settings.compute_entropy:
-        entropy = torch.cat([F.pad(p[2], (0, T - p[2].shape[1])) for p in parts])  # (N, T)
-        if record_metrics and not torch.is_grad_enabled():  # the rollout pass: report it as a metric
-            counted = mask.sum().clamp(min=1)
-            policy.rollout_metrics["entropy/rollout_mean"] = float((entropy * mask).sum() / counted)
-    return TokenLogProbs(logprobs, mask, entropy)
-
-
-def _score_micro_batch(
-    policy: CausalLMPolicy, model: nn.Module, actions: Sequence[Completion]
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One forward over [left-padded prompt | right-padded completion] -> (n, T) each."""
-    pad = policy.tokenizer.pad_token_id
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = left_pad([a.prompt_ids for a in actions], pad)  # (n, P)
-    T = max([a.num_tokens for a in actions] + [1])
-    completion_ids = torch.full((len(actions), T), pad, dtype=torch.long)  # (n, T) right-padded
-    present = torch.zeros((len(actions), T), dtype=torch.long)  # (n, T) 1 = a real token
-    for i, a in enumerate(actions):
-        completion_ids[i, : a.num_tokens] = torch.tensor(a.completion_ids, dtype=torch.long)
-        present[i, : a.num_tokens] = 1
-    input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)  # (n, P+T)
-    attention_mask = torch.cat([prompt_mask, present], 1).to(device)  # (n, P+T)
-    # positions count real tokens only, so left padding does not shift them
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+T)
-    keep = {"logits_to_keep": T + 1} if policy._keeps_logits else {}
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        use_cache=False, **keep,
-    ).logits  # (n, T+1, V) or (n, P+T, V)
-    temperature = policy.settings.generation.temperature
-    completion_ids = completion_ids.to(device)
-    logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
-    mask = _completion_mask(actions, completion_ids, present.to(device), policy)  # (n, T)
-    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
-    entropy = None
-    if policy.settings.compute_entropy:
-        scoring = logits[:, logits.shape[1] - T - 1 : -1]  # (n, T, V) same shift as the log-probs
-        entropy = entropy_from_logits(scoring, temperature)
-        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
-    return logprobs, mask, entropy
-
-
-def _completion_mask(
-    actions: Sequence[Completion], completion_ids: Tensor, present: Tensor, policy: CausalLMPolicy
-) -> Tensor:
-    """True up to and including the first EOS of each real completion -> (n, T) bool."""
-    is_eos = torch.isin(completion_ids, torch.tensor(policy.eos_token_ids, device=completion_ids.device))
-    is_eos = is_eos & present.bool()  # (n, T)
-    eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # (n, T) EOS strictly before t
-    mask = present.bool() & (eos_before == 0)  # (n, T)
-    if policy.settings.mask_truncated_completions:
-        truncated = torch.tensor([a.truncated for a in actions], device=mask.device)  # (n,)
-        mask = mask & ~truncated[:, None]
-    return mask
-
-
 def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:
     lengths = torch.tensor([c.num_tokens for c in completions], dtype=torch.float64)  # (N,)
     return {
@@ -352,7 +270,9 @@ def _eos_ids(model: nn.Module, tokenizer: Any) -> list[int]:
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids += [extra] if isinstance(extra, int) else list(extra or [])
     if not ids:
-        raise ValueError("neither the tokenizer nor the model's generation_config names an EOS token")
+        raise ValueError(
+            "neither the tokenizer nor the model's generation_config names an EOS token"
+        )
     return sorted(set(ids))
 
 

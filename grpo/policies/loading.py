@@ -32,7 +32,12 @@ __all__ = [
     "save_model",
 ]
 
-DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 @dataclass
@@ -51,14 +56,20 @@ class LoraSettings:
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
             raise ValueError(f"r: got {self.r!r}; allowed: an integer >= 1")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or self.alpha <= 0
+        ):
             raise ValueError(f"alpha: got {self.alpha!r}; allowed: a number > 0")
         if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout: got {self.dropout!r}; allowed: a number in [0, 1)")
         if not isinstance(self.target_modules, str):
             self.target_modules = tuple(self.target_modules)
             if not self.target_modules:
-                raise ValueError("target_modules: got an empty list; allowed: names or 'all-linear'")
+                raise ValueError(
+                    "target_modules: got an empty list; allowed: names or 'all-linear'"
+                )
 
 
 def _looks_local(path: str) -> bool:
@@ -75,7 +86,9 @@ def load_model_and_tokenizer(
     if dtype not in DTYPES:
         raise ValueError(f"dtype: got {dtype!r}; allowed: {', '.join(DTYPES)}")
     if _looks_local(path) and not Path(path).expanduser().exists():
-        raise FileNotFoundError(f"model path {path!r} does not exist; give a folder written by save_pretrained")
+        raise FileNotFoundError(
+            f"model path {path!r} does not exist; give a folder written by save_pretrained"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
@@ -123,7 +136,9 @@ def apply_lora(model: Any, settings: LoraSettings) -> Any:
     return get_peft_model(model, config)
 
 
-def save_model(model: Any, tokenizer: Any, path: str | os.PathLike, *, merged: bool = False) -> Path:
+def save_model(
+    model: Any, tokenizer: Any, path: str | os.PathLike, *, merged: bool = False
+) -> Path:
     """save_pretrained (safetensors) the model or adapter and the tokenizer to `path`.
 
     With a PEFT model, `path` gets the adapter and, when `merged`, `path/merged`

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.policies.scoring import score_completions
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["AdapterDisabledReference"]
@@ -42,9 +43,9 @@ class AdapterDisabledReference:
     def get_parameters(self) -> dict[str, Tensor]:
         return {}
 
-    def get_token_log_probabilities(self, states: Sequence[Any], actions: Sequence[Any]) -> TokenLogProbs:
-        from grpo.policies.causal_lm import score_completions  # avoids an import cycle
-
+    def get_token_log_probabilities(
+        self, states: Sequence[Any], actions: Sequence[Any]
+    ) -> TokenLogProbs:
         model = self.policy.model
         was_training = model.training
         model.eval()  # no dropout in the reference, whatever mode the policy is in
@@ -58,6 +59,8 @@ class AdapterDisabledReference:
     def get_log_probabilities(self, states: Sequence[Any], actions: Sequence[Any]) -> Tensor:
         return self.get_token_log_probabilities(states, actions).logprobs.sum(-1)  # (N,)
 
-    def generate_actions(self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any) -> Any:
+    def generate_actions(
+        self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any
+    ) -> Any:
         with self.policy.model.disable_adapter():
             return self.policy.generate_actions(states, num_actions_per_state, **kwargs)

@@ -98,9 +98,11 @@ class GenerationSettings:
         kwargs: dict[str, Any] = {**NEUTRAL_GENERATION, "max_new_tokens": self.max_new_tokens}
         if self.do_sample:
             kwargs.update(
-                do_sample=True, temperature=float(self.temperature), top_p=float(self.top_p),
+                do_sample=True,
+                temperature=float(self.temperature),
+                top_p=float(self.top_p),
                 top_k=self.top_k,
-            )  # fmt: skip
+            )
         else:  # greedy: sampling warpers do not apply, and transformers rejects them
             kwargs["do_sample"] = False
         return kwargs
@@ -123,7 +125,9 @@ def get_prompt(state: Any, index: int) -> str | list[dict[str, str]]:
     """The prompt of a state: `state["prompt"]`, or the state itself (a str or messages)."""
     prompt = state.get("prompt") if isinstance(state, Mapping) else state
     if isinstance(state, Mapping) and "prompt" not in state:
-        raise ValueError(f"state {index}: a dict state needs a 'prompt' key; got keys {list(state)}")
+        raise ValueError(
+            f"state {index}: a dict state needs a 'prompt' key; got keys {list(state)}"
+        )
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, Sequence) and all(
@@ -168,7 +172,9 @@ def split_completion(
     """Cut generated ids at the first EOS or stop string -> (ids, finished_by_eos, stopped)."""
     new_ids = [int(t) for t in new_ids]
     end = next((k for k, t in enumerate(new_ids) if t in eos_ids), None)
-    stop_end = _stop_string_end(new_ids[: len(new_ids) if end is None else end], stop_strings, tokenizer)
+    stop_end = _stop_string_end(
+        new_ids[: len(new_ids) if end is None else end], stop_strings, tokenizer
+    )
     if stop_end is not None:
         return new_ids[:stop_end], False, True
     if end is not None:
@@ -216,9 +222,11 @@ def sample_token_ids(
             if settings.stop_strings:
                 stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
             sequences = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device),
-                generation_config=config, stopping_criteria=stop,
-            )  # fmt: skip
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                stopping_criteria=stop,
+            )
             out.extend(sequences[:, ids.shape[1] :].tolist())  # (n, <= max_new_tokens)
     return out
 

@@ -53,7 +53,9 @@ def split_states(states: Sequence[Any]) -> tuple[list[Any], dict[str, list[Any]]
     for n, state in enumerate(states):
         if isinstance(state, Mapping):
             if "prompt" not in state:
-                raise ValueError(f"state {n}: a dict state needs a 'prompt' key; got keys {list(state)}")
+                raise ValueError(
+                    f"state {n}: a dict state needs a 'prompt' key; got keys {list(state)}"
+                )
             prompts.append(state["prompt"])
             for key in state:
                 if key != "prompt":
@@ -88,19 +90,23 @@ class TextReward:
         names = [name for name, _ in named]
         for name, fn in named:
             if not callable(fn):
-                raise TypeError(f"reward function {name!r}: got {type(fn).__name__}; allowed: a callable")
+                raise TypeError(
+                    f"reward function {name!r}: got {type(fn).__name__}; allowed: a callable"
+                )
             if names.count(name) > 1:
-                raise ValueError(f"two reward functions are named {name!r}; pass a dict {{name: fn}}")
+                raise ValueError(
+                    f"two reward functions are named {name!r}; pass a dict {{name: fn}}"
+                )
         weights = [1.0] * len(named) if weights is None else list(weights)
         if len(weights) != len(named):
             raise ValueError(f"weights: got {len(weights)} for {len(named)} reward functions")
-        for name, w in zip(names, weights):
+        for name, w in zip(names, weights, strict=True):
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
                 raise ValueError(f"weight of {name!r}: got {w!r}; allowed: a finite number")
         if all_none not in ("error", "zero"):
             raise ValueError(f"all_none: got {all_none!r}; allowed: 'error', 'zero'")
         self.functions = dict(named)
-        self.weights = dict(zip(names, (float(w) for w in weights)))
+        self.weights = dict(zip(names, (float(w) for w in weights), strict=True))
         self.all_none = all_none
         self.last_metrics: dict[str, float] = {}
 
@@ -119,26 +125,35 @@ class TextReward:
         rewards, _ = self.score(states, actions)
         return rewards
 
-    def score(self, states: Sequence[Any], actions: Sequence[Any]) -> tuple[Tensor, dict[str, list[float | None]]]:
+    def score(
+        self, states: Sequence[Any], actions: Sequence[Any]
+    ) -> tuple[Tensor, dict[str, list[float | None]]]:
         """Combined rewards (N,) and each function's raw values (None = does not apply)."""
         if len(states) != len(actions):
             raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
         prompts, columns = split_states(states)
         texts = [getattr(a, "text", a) for a in actions]  # Completion records or plain strings
         per_function = {
-            name: self._call(name, fn, prompts, texts, columns) for name, fn in self.functions.items()
+            name: self._call(name, fn, prompts, texts, columns)
+            for name, fn in self.functions.items()
         }
         rewards = self._combine(per_function, prompts)
         self.last_metrics = _metrics(per_function, rewards)
         return rewards, per_function
 
-    def _call(self, name: str, fn: RewardFunction, prompts: list, texts: list, columns: dict) -> list:
+    def _call(
+        self, name: str, fn: RewardFunction, prompts: list, texts: list, columns: dict
+    ) -> list:
         kwargs = _accepted(fn, columns)
         try:
             values = fn(prompts, texts, **kwargs)
         except Exception as err:
             n = _failing_sample(fn, prompts, texts, kwargs)
-            where = f"sample {n} (prompt {_preview(prompts[n])})" if n is not None else f"a batch of {len(texts)}"
+            where = (
+                f"sample {n} (prompt {_preview(prompts[n])})"
+                if n is not None
+                else f"a batch of {len(texts)}"
+            )
             raise RuntimeError(f"reward function {name!r} raised on {where}: {err!r}") from err
         return _check_values(name, values, prompts)
 
@@ -186,9 +201,13 @@ def _check_values(name: str, values: Any, prompts: list) -> list[float | None]:
     if isinstance(values, Tensor):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"reward function {name!r} returned {type(values).__name__}; allowed: a list")
+        raise TypeError(
+            f"reward function {name!r} returned {type(values).__name__}; allowed: a list"
+        )
     if len(values) != len(prompts):
-        raise ValueError(f"reward function {name!r} returned {len(values)} values for {len(prompts)} samples")
+        raise ValueError(
+            f"reward function {name!r} returned {len(values)} values for {len(prompts)} samples"
+        )
     out: list[float | None] = []
     for n, v in enumerate(values):
         if v is None:

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -110,16 +111,21 @@ class SandboxResult:
 
 
 @lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """Whether ``unshare -n`` can start a process here (needs privileges; probed once)."""
+def _unshare_command() -> str | None:
+    """Absolute path of ``unshare`` when ``unshare -n`` works here (needs privileges), else None."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        return False
+        return None
     try:
         probe = subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return probe.returncode == 0
+        return None
+    return unshare if probe.returncode == 0 else None
+
+
+def network_namespace_available() -> bool:
+    """Whether children can run in an empty network namespace (``unshare -n``; probed once)."""
+    return _unshare_command() is not None
 
 
 def run_code(
@@ -174,8 +180,9 @@ def _pairs(io_pairs: Sequence[Any]) -> list[list[str]]:
 def _spawn(job: dict[str, Any], workdir: Path, private: Path, config: SandboxConfig) -> int | None:
     """Run the harness; its exit status, or None when it ran out of time."""
     command = [sys.executable, "-I", "-B", str(_HARNESS)]
-    if config.isolate_network and network_namespace_available():
-        command = ["unshare", "-n", "--", *command]
+    unshare = _unshare_command() if config.isolate_network else None
+    if unshare is not None:
+        command = [unshare, "-n", "--", *command]
     env = {"PATH": os.defpath, "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
     with open(private / "stdout", "wb") as out, open(private / "stderr", "wb") as err:
         process = subprocess.Popen(
@@ -226,14 +233,28 @@ def extract_code(text: str) -> str:
 
 
 def code_execution_reward(
-    config: SandboxConfig | None = None, *, extract: Callable[[str], str] = extract_code
+    config: SandboxConfig | None = None,
+    *,
+    extract: Callable[[str], str] = extract_code,
+    max_workers: int = 1,
 ) -> Callable[..., list[float | None]]:
     """A text reward running each completion's code against its row's `tests` or `io_pairs`.
 
     The dataset column `tests` holds assert statements, `io_pairs` (stdin,
     stdout) pairs; a row with neither gets None (the reward does not apply).
+    `max_workers` sandboxes run at once (threads that each wait on a process).
     """
     config = config or SandboxConfig()
+    if not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"max_workers must be a positive integer, got {max_workers!r}")
+
+    def score_row(index: int, completion: Any, row_tests: Any, row_pairs: Any) -> float | None:
+        if not row_tests and not row_pairs:
+            return None
+        code = extract(completion_text(completion, index))
+        if row_tests:
+            return run_code(code, asserts=row_tests, config=config).score
+        return run_code(code, io_pairs=row_pairs, config=config).score
 
     def code_execution(
         prompts: Sequence[Any],
@@ -242,19 +263,18 @@ def code_execution_reward(
         io_pairs: Sequence[Sequence[tuple[str, str]] | None] | None = None,
         **_: Any,
     ) -> list[float | None]:
-        scores: list[float | None] = []
-        for index, completion in enumerate(completions):
-            row_tests = tests[index] if tests is not None else None
-            row_pairs = io_pairs[index] if io_pairs is not None else None
-            if not row_tests and not row_pairs:
-                scores.append(None)
-                continue
-            code = extract(completion_text(completion, index))
-            if row_tests:
-                result = run_code(code, asserts=row_tests, config=config)
-            else:
-                result = run_code(code, io_pairs=row_pairs, config=config)
-            scores.append(result.score)
-        return scores
+        rows = [
+            (
+                i,
+                c,
+                tests[i] if tests is not None else None,
+                io_pairs[i] if io_pairs is not None else None,
+            )
+            for i, c in enumerate(completions)
+        ]
+        if max_workers == 1:
+            return [score_row(*row) for row in rows]
+        with ThreadPoolExecutor(max_workers=max_workers) as pool:
+            return list(pool.map(lambda row: score_row(*row), rows))
 
     return code_execution

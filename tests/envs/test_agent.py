@@ -150,3 +150,87 @@ def test_episodes_without_token_ids_are_refused(model_path):
     [rollout] = collect_rollouts([GuessNumberEnv(2, GAME)], lambda convs: ["2"] * len(convs))
     with pytest.raises(ValueError, match="no sampled token ids"):
         EpisodePolicy(policy, GuessNumberEnv).get_token_log_probabilities([2], [rollout])
+
+
+@torch.no_grad()
+def test_conversation_scoring_matches_turn_scoring_on_aligned_episodes(model_path):
+    """One-pass scoring equals per-turn scoring when every turn's prompt is a prefix of the final text."""
+    policy = make_policy(model_path)
+    tokenizer = policy.tokenizer
+    # Episodes whose assistant turns are clean words ending in the template's own <|end|>:
+    # then the sampled ids, the template's tokens and each turn's prompt all line up.
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    texts = ["a b", "yes", "no c"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + [end] for t in texts]
+    rollouts = collect_rollouts(
+        [GuessNumberEnv(3, GAME)],
+        lambda convs: AgentOutput([texts[len(convs[0]) // 2]], [ids[len(convs[0]) // 2]]),
+    )
+    turns = EpisodePolicy(policy, GuessNumberEnv, scoring="turns").get_token_log_probabilities(
+        [3], rollouts
+    )
+    whole = EpisodePolicy(
+        policy, GuessNumberEnv, scoring="conversation"
+    ).get_token_log_probabilities([3], rollouts)
+    counted = whole.logprobs[whole.completion_mask]  # assistant tokens in order
+    assert counted.shape[0] == sum(len(i) for i in ids) == int(turns.completion_mask.sum())
+    torch.testing.assert_close(counted, turns.logprobs[turns.completion_mask], rtol=1e-5, atol=1e-5)
+
+
+def test_conversation_scoring_trains_text_only_episodes(model_path):
+    """Episodes without sampled ids can be scored in one pass; an unknown scorer name is refused."""
+    policy = make_policy(model_path)
+    [rollout] = collect_rollouts([GuessNumberEnv(2, GAME)], lambda convs: ["1"] * len(convs))
+    episodes = EpisodePolicy(policy, GuessNumberEnv, scoring="conversation")
+    out = episodes.get_token_log_probabilities([2], [rollout])
+    tokens = tokenize_with_assistant_mask(policy.tokenizer, rollout.messages)
+    assert int(out.completion_mask.sum()) == sum(tokens.assistant_mask)
+    out.logprobs.sum().backward()
+    assert any(p.grad is not None for p in policy.get_parameters().values())
+    with pytest.raises(ValueError, match="scoring must be one of"):
+        EpisodePolicy(policy, GuessNumberEnv, scoring="tokens")
+
+
+class SayYesEnv:
+    """Two turns after 'say <word>'; each reply containing 'yes' earns 0.5."""
+
+    def __init__(self, word):
+        self.word = word
+
+    def reset(self):
+        self.turn, self.score = 0, 0.0
+        return f"say {self.word}"
+
+    def step(self, action):
+        self.turn += 1
+        self.score += 0.5 * ("yes" in action)
+        return ("again" if self.turn < 2 else None), self.turn >= 2
+
+    def reward(self):
+        return self.score
+
+
+def test_multi_turn_grpo_improves_held_out_reward(tiny_lm_dir):
+    """Twenty GRPO steps on two-turn episodes raise the mean reward on prompts never trained on."""
+    torch.manual_seed(0)
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    settings = CausalLMSettings(generation=GenerationSettings(max_new_tokens=3, seed=0))
+    policy = CausalLMPolicy(model, tokenizer, settings)
+
+    def held_out_reward():
+        envs = [SayYesEnv(w) for w in ("blue", "green", "red", "the") for _ in range(4)]
+        rollouts = collect_rollouts(envs, PolicyAgent(policy, seed=123), max_turns=2)
+        return sum(r.total_reward for r in rollouts) / len(rollouts)
+
+    before = held_out_reward()
+    config = GRPOConfig(
+        group_size=8, batch_size=32, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0,
+        learning_rate=1e-2,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        EpisodePolicy(policy, SayYesEnv, max_turns=2), EpisodeReward(), config=config
+    )
+    for _ in range(20):
+        trainer.train_step(["a", "b", "c", "d"])
+    after = held_out_reward()
+    assert after >= 0.4 and after > before + 0.3, (before, after)

@@ -24,11 +24,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = build_tiny_causal_lm(
-        tmp_path_factory.mktemp("tiny") / "llama", arch="llama", max_positions=128
-    )
-    model, tokenizer = load_tiny_causal_lm(path)
+def tiny(tiny_lm_dir):
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
     return model.eval(), tokenizer
 
 

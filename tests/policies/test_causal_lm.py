@@ -20,7 +20,9 @@ from grpo.trainer import GRPOTrainer
 
 def make_policy(path, temperature=1.0, **settings) -> CausalLMPolicy:
     model, tokenizer = load_tiny_causal_lm(path)
-    generation = GenerationSettings(max_new_tokens=settings.pop("max_new_tokens", 6), temperature=temperature)
+    generation = GenerationSettings(
+        max_new_tokens=settings.pop("max_new_tokens", 6), temperature=temperature
+    )
     return CausalLMPolicy(model, tokenizer, CausalLMSettings(generation, **settings))
 
 
@@ -42,11 +44,19 @@ def manual_logprobs(model, prompt_ids, completion_ids, temperature):
 def sample_completions(tokenizer):
     """Three completions of different lengths behind prompts of different lengths."""
     eos = tokenizer.eos_token_id
-    specs = [("say a", "yes no red", True), ("write b c d e f g", "blue", False), ("count", "a b c d", True)]
+    specs = [
+        ("say a", "yes no red", True),
+        ("write b c d e f g", "blue", False),
+        ("count", "a b c d", True),
+    ]
     out = []
     for prompt, completion, ends in specs:
         ids = words(tokenizer, " " + completion) + ([eos] if ends else [])
-        out.append(Completion(completion, ids, words(tokenizer, prompt), truncated=False, finished_by_eos=ends))
+        out.append(
+            Completion(
+                completion, ids, words(tokenizer, prompt), truncated=False, finished_by_eos=ends
+            )
+        )
     return out
 
 
@@ -62,7 +72,9 @@ def test_logprobs_match_independent_forward(tiny_lm_dir, arch):
             T = a.num_tokens
             torch.testing.assert_close(out.logprobs[n, :T].double(), expected, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(out.entropy[n, :T].double(), entropy, rtol=1e-5, atol=1e-5)
-            assert out.completion_mask[n].tolist() == [True] * T + [False] * (out.logprobs.shape[1] - T)
+            assert out.completion_mask[n].tolist() == [True] * T + [False] * (
+                out.logprobs.shape[1] - T
+            )
         per_sample = policy.get_log_probabilities([{"prompt": "x"}] * 3, actions)
     torch.testing.assert_close(per_sample, out.logprobs.sum(-1))
 
@@ -72,8 +84,12 @@ def test_left_padding_equals_no_padding(tiny_lm_dir, arch):
     """A short prompt scored beside a much longer one (left padding) gives its unpadded log-probs."""
     policy = make_policy(tiny_lm_dir(arch), micro_batch_size=4).eval()
     tok = policy.tokenizer
-    short = Completion("a b", words(tok, " a b") + [tok.eos_token_id], words(tok, "say"), False, True)
-    long = Completion("c", words(tok, " c"), words(tok, "write a b c d e f g h i j k"), False, False)
+    short = Completion(
+        "a b", words(tok, " a b") + [tok.eos_token_id], words(tok, "say"), False, True
+    )
+    long = Completion(
+        "c", words(tok, " c"), words(tok, "write a b c d e f g h i j k"), False, False
+    )
     with torch.no_grad():
         alone = policy.get_token_log_probabilities(["x"], [short]).logprobs  # (1, 3) no padding
         batched = policy.get_token_log_probabilities(["x", "y"], [long, short]).logprobs  # (2, 3)
@@ -82,7 +98,10 @@ def test_left_padding_equals_no_padding(tiny_lm_dir, arch):
 
 def test_log_probs_use_the_sampling_temperature(tiny_lm_dir):
     """Scoring divides logits by the sampling temperature: T=0.5 differs from T=1 and matches the manual value."""
-    hot, cold = make_policy(tiny_lm_dir("qwen2"), 1.0).eval(), make_policy(tiny_lm_dir("qwen2"), 0.5).eval()
+    hot, cold = (
+        make_policy(tiny_lm_dir("qwen2"), 1.0).eval(),
+        make_policy(tiny_lm_dir("qwen2"), 0.5).eval(),
+    )
     action = sample_completions(hot.tokenizer)[0]
     with torch.no_grad():
         lp_hot = hot.get_token_log_probabilities(["x"], [action]).logprobs[0]
@@ -106,7 +125,9 @@ def test_tokens_after_eos_carry_no_loss_and_no_gradient(tiny_lm_dir):
         assert out.completion_mask[0].tolist() == [True, True, True, False, False]
         assert out.logprobs[0, 3:].tolist() == [0.0, 0.0]
         out.logprobs.sum().backward()
-        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+        grads.append(
+            torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+        )
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-7)
 
 
@@ -114,7 +135,9 @@ def test_truncated_completions_can_be_dropped_from_the_loss(tiny_lm_dir):
     """mask_truncated_completions gives a truncated completion an all-False mask, others unchanged."""
     policy = make_policy(tiny_lm_dir("qwen2"), mask_truncated_completions=True)
     tok = policy.tokenizer
-    cut = Completion("a b", words(tok, " a b"), words(tok, "say"), truncated=True, finished_by_eos=False)
+    cut = Completion(
+        "a b", words(tok, " a b"), words(tok, "say"), truncated=True, finished_by_eos=False
+    )
     done = Completion("a", words(tok, " a") + [tok.eos_token_id], words(tok, "say"), False, True)
     mask = policy.get_token_log_probabilities(["x", "x"], [cut, done]).completion_mask
     assert mask.tolist() == [[False, False], [True, True]]
@@ -135,13 +158,17 @@ def test_generate_groups_modes_and_masks(tiny_lm_dir):
     tok = policy.tokenizer
     chat = tok.apply_chat_template(states[1], tokenize=False, add_generation_prompt=True)
     assert all(c.prompt_ids == tuple(words(tok, "say a b")) for c in groups[0])
-    assert all(c.prompt_ids == tuple(tok(chat, add_special_tokens=False)["input_ids"]) for c in groups[1])
+    assert all(
+        c.prompt_ids == tuple(tok(chat, add_special_tokens=False)["input_ids"]) for c in groups[1]
+    )
     flat = [c for g in groups for c in g]
     mask = policy.get_token_log_probabilities([None] * 6, flat).completion_mask
     for n, c in enumerate(flat):
         assert c.finished_by_eos == (c.completion_ids[-1] == tok.eos_token_id)
         assert c.truncated == (not c.finished_by_eos and c.num_tokens == 5)
-        assert mask[n].sum() == c.num_tokens and c.text == tok.decode(c.completion_ids, skip_special_tokens=True)
+        assert mask[n].sum() == c.num_tokens and c.text == tok.decode(
+            c.completion_ids, skip_special_tokens=True
+        )
 
 
 def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_lm_dir):
@@ -174,8 +201,14 @@ def test_frozen_reference_never_changes_during_training(tiny_lm_dir):
     """The reference's log-probs stay fixed over GRPO steps while the policy's move."""
     policy = make_policy(tiny_lm_dir("qwen2"), max_new_tokens=4)
     reward = TextReward(lambda prompts, completions: [float(len(c)) for c in completions])
-    config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=1, kl_coeff=0.1,
-                        ref_update_frequency=0, learning_rate=1e-2)  # fmt: skip
+    config = GRPOConfig(
+        group_size=4,
+        batch_size=8,
+        num_epochs_per_update=1,
+        kl_coeff=0.1,
+        ref_update_frequency=0,
+        learning_rate=1e-2,
+    )
     trainer = GRPOTrainer(policy, reward, config=config)
     reference = trainer.reference_policy
     assert not reference.training and not any(p.requires_grad for p in reference.model.parameters())
@@ -198,15 +231,22 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tiny_lm_dir):
     frozen = copy.deepcopy(model).eval()
     policy = CausalLMPolicy(apply_lora(model, LoraSettings(r=4, alpha=8)), tokenizer)
     reference = policy.make_reference()
-    assert isinstance(reference, AdapterDisabledReference) and not isinstance(reference, torch.nn.Module)
+    assert isinstance(reference, AdapterDisabledReference) and not isinstance(
+        reference, torch.nn.Module
+    )
     assert reference.get_parameters() == {} and all("lora" in n for n in policy.get_parameters())
     actions = sample_completions(tokenizer)
     T = max(a.num_tokens for a in actions)
     with torch.no_grad():
-        expected = torch.stack([
-            torch.nn.functional.pad(manual_logprobs(frozen, a.prompt_ids, a.completion_ids, 1.0)[0], (0, T - a.num_tokens))
-            for a in actions
-        ]).float()  # fmt: skip
+        expected = torch.stack(
+            [
+                torch.nn.functional.pad(
+                    manual_logprobs(frozen, a.prompt_ids, a.completion_ids, 1.0)[0],
+                    (0, T - a.num_tokens),
+                )
+                for a in actions
+            ]
+        ).float()
     ref0 = reference.get_token_log_probabilities([None] * 3, actions).logprobs
     torch.testing.assert_close(ref0, expected, rtol=1e-5, atol=1e-5)
     optimizer = torch.optim.SGD(list(policy.get_parameters().values()), lr=1.0)
@@ -227,7 +267,9 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_lm_dir):
         policy = make_policy(tiny_lm_dir("llama"), gradient_checkpointing=checkpointing).train()
         out = policy.get_token_log_probabilities([None] * 3, sample_completions(policy.tokenizer))
         out.logprobs.sum().backward()
-        grad = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+        grad = torch.cat(
+            [p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]
+        )
         results.append((out.logprobs.detach(), grad))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)

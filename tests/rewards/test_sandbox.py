@@ -4,13 +4,17 @@ All hostile snippets are bounded (a fork "bomb" of at most 2**4 processes, 1 s
 timeouts, a 256 MiB memory limit) so that a broken sandbox cannot harm the machine.
 """
 
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
 from grpo.rewards.sandbox import (
     SandboxConfig,
     SandboxResult,
+    _kill_group,
     code_execution_reward,
     extract_code,
     network_namespace_available,
@@ -128,9 +132,10 @@ def test_network_namespace_has_no_route():
     assert result.score == 1.0
 
 
-def test_reward_callable_from_a_thread():
-    """The reward callable scores a batch (None where no tests) and works off the main thread."""
-    reward = code_execution_reward(CONFIG)
+@pytest.mark.parametrize("max_workers", [1, 2])
+def test_reward_callable_from_a_thread(max_workers):
+    """The reward callable scores a batch (None where no tests), off the main thread, in parallel too."""
+    reward = code_execution_reward(CONFIG, max_workers=max_workers)
     completions = [f"```python\n{ADD}```", "```python\nwhile True: pass\n```", "x", "print(1)"]
     tests = [["assert add(1, 2) == 3"], ["assert True"], None, None]
     io_pairs = [None, None, None, [("", "1")]]
@@ -154,3 +159,31 @@ def test_extract_code_and_argument_checks():
     with pytest.raises(ValueError, match="timeout_seconds"):
         SandboxConfig(timeout_seconds=0)
     assert run_code("x", asserts=[], config=CONFIG).reason == "no_tests"
+
+
+def _gone_or_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_process_group_kill_reaches_descendants():
+    """The group kill used after every run also ends a process the child forked (the backstop)."""
+    code = (
+        "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+        "print(pid, flush=True)\ntime.sleep(30)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    child = int(leader.stdout.readline())
+    _kill_group(leader.pid)
+    leader.wait(timeout=10)
+    leader.stdout.close()
+    for _ in range(100):  # SIGKILL delivery is asynchronous: poll up to ~5 s
+        if _gone_or_zombie(child):
+            break
+        time.sleep(0.05)
+    assert _gone_or_zombie(child)

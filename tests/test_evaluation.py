@@ -1,0 +1,91 @@
+"""Tests for grpo.evaluation: held-out reward and accuracy, greedy and sampled."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import load_tiny_causal_lm
+
+from grpo.evaluation import evaluate
+from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
+from grpo.policies.sampling import GenerationSettings
+from grpo.rewards.combine import TextReward
+
+PROMPTS = [
+    {"prompt": p, "target": t} for p, t in [("say a", "a"), ("say b", "b"), ("count c", "c")]
+]
+
+
+def has_target(prompts, completions, target, **_):
+    return [float(t in c) for c, t in zip(completions, target, strict=True)]
+
+
+def length(prompts, completions, **_):
+    return [float(len(c)) for c in completions]
+
+
+@pytest.fixture
+def policy(tiny_lm_dir):
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    return CausalLMPolicy(model, tokenizer, CausalLMSettings(GenerationSettings(max_new_tokens=6)))
+
+
+def test_greedy_metrics_equal_a_direct_computation(policy):
+    """Greedy reward mean and accuracy equal those computed by hand on greedy completions; repeatable."""
+    reward = TextReward([length])
+    metrics, samples = evaluate(
+        policy,
+        PROMPTS,
+        reward,
+        accuracy=has_target,
+        modes=("greedy",),
+        batch_size=2,
+        num_logged_samples=2,
+    )
+    groups = policy.generate_actions(PROMPTS, 1, do_sample=False)
+    texts = [g[0].text for g in groups]
+    assert metrics["eval/greedy/reward_mean"] == pytest.approx(sum(map(len, texts)) / 3)
+    expected_acc = sum(p["target"] in t for p, t in zip(PROMPTS, texts, strict=True)) / 3
+    assert metrics["eval/greedy/accuracy"] == pytest.approx(expected_acc)
+    assert metrics["eval/greedy/length_mean"] == pytest.approx(
+        sum(g[0].num_tokens for g in groups) / 3
+    )
+    assert [s["completion"] for s in samples] == texts[:2] and samples[0]["prompt"] == "say a"
+    again, _ = evaluate(policy, PROMPTS, reward, accuracy=has_target, modes=("greedy",))
+    assert again == metrics
+
+
+def test_sampled_mode_draws_k_completions_per_prompt(policy):
+    """The sampled mode scores samples_per_prompt completions of every prompt; None accuracy is left out."""
+    sizes = []
+
+    def counting(prompts, completions, **_):
+        sizes.append(len(completions))
+        return [1.0] * len(completions)
+
+    def half_scored(prompts, completions, target, **_):
+        return [None if t == "c" else 1.0 for t in target]
+
+    metrics, samples = evaluate(
+        policy,
+        PROMPTS,
+        TextReward(counting),
+        accuracy=half_scored,
+        modes=("sampled",),
+        samples_per_prompt=4,
+    )
+    assert sum(sizes) == 12 and metrics["eval/sampled/reward_mean"] == 1.0
+    assert (
+        metrics["eval/sampled/accuracy"] == 1.0
+    )  # the 4 unscored "c" samples are not counted as 0
+    assert [s["prompt"] for s in samples] == ["say a", "say b", "count c"]
+
+
+def test_bad_arguments_are_rejected(policy):
+    """No prompts, an unknown mode or a zero sample count are errors naming the argument."""
+    reward = TextReward(length)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        evaluate(policy, [], reward)
+    with pytest.raises(ValueError, match="modes: got 'beam'"):
+        evaluate(policy, PROMPTS, reward, modes=("beam",))
+    with pytest.raises(ValueError, match="samples_per_prompt: got 0"):
+        evaluate(policy, PROMPTS, reward, samples_per_prompt=0)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.functional.losses import policy_loss
+from grpo.functional.losses import GlobalCounts, policy_loss
 from grpo.protocols import TokenLevelPolicy, TokenLogProbs
 from grpo.records import ExperienceBatch
 
@@ -65,12 +65,15 @@ class GRPOObjective:
         reference_policy: Any,
         experience_batch: ExperienceBatch,
         advantages: Tensor,
+        global_counts: GlobalCounts | None = None,
     ) -> dict[str, Tensor | float]:
         """Loss dict: total_loss (with gradient), policy_loss, kl_penalty, entropy_bonus, stats.
 
         total_loss = policy_loss + kl_penalty - entropy_bonus, where kl_penalty is
         λ_KL·KL and entropy_bonus is β_ent·H; the other entries are the detached
         statistics of `grpo.functional.policy_loss` ("clip/low_frac", "kl/mean", ...).
+        `global_counts` (data-parallel training) makes the loss terms this batch's
+        share of a larger batch split across processes.
         """
         states = experience_batch.flat_states()  # (N,)
         actions = experience_batch.flat_actions()  # (N,)
@@ -105,6 +108,7 @@ class GRPOObjective:
             entropy=entropy,
             entropy_coeff=self.entropy_coeff if entropy is not None else 0.0,
             max_completion_length=self.max_completion_length,
+            global_counts=global_counts,
         )
         return {
             "total_loss": loss,

@@ -99,12 +99,24 @@ class TensorBoardLogger:
 class WandbLogger:
     """Weights & Biases; `mode="offline"` writes locally and needs no account."""
 
-    def __init__(self, project: str, run_dir: str | os.PathLike[str], mode: str = "offline",
-                 config: Mapping[str, Any] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        project: str,
+        run_dir: str | os.PathLike[str],
+        mode: str = "offline",
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
         import wandb
 
-        self._run = wandb.init(project=project, dir=str(run_dir), mode=mode,
-                               config=dict(config or {}), name=name, reinit=True)
+        self._run = wandb.init(
+            project=project,
+            dir=str(run_dir),
+            mode=mode,
+            config=dict(config or {}),
+            name=name,
+            reinit=True,
+        )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         self._run.log(scalar_metrics(metrics), step=step)

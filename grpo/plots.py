@@ -40,7 +40,7 @@ def plot_run(metrics_path: str | os.PathLike[str], out_path: str | os.PathLike[s
 
     rows = read_metrics(metrics_path)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
-    for ax, (title, keys) in zip(axes, PANELS):
+    for ax, (title, keys) in zip(axes, PANELS, strict=True):
         key = next((k for k in keys if any(r.get(k) is not None for r in rows)), None)
         if key is not None:
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]

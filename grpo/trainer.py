@@ -17,6 +17,9 @@ Departures from seed 004:
   frozen, and not built at all when `kl_coeff == 0`.
 - Mini-batch shuffling uses the trainer's own generator, seeded from
   `config.seed` and saved in checkpoints, so resumed runs are bitwise equal.
+- Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
+  `grpo.distributed` shards the states, gathers rewards and wraps the policy in
+  DDP or FSDP2, so that W processes compute what one process would.
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from grpo import checkpoint
+from grpo import checkpoint, distributed
 from grpo.advantage_estimator import AdvantageEstimator
 from grpo.config import GRPOConfig
 from grpo.experience_collector import ExperienceCollector
+from grpo.functional.losses import GlobalCounts
 from grpo.grpo_objective import GRPOObjective
 from grpo.protocols import validate_policy_model, validate_reward_model
 from grpo.records import ExperienceBatch
@@ -44,6 +48,16 @@ __all__ = ["GRPOTrainer"]
 
 # loss-dict entries averaged per epoch, reported as epoch_{i}_{name}
 EPOCH_KEYS = ("policy_loss", "kl_penalty", "entropy_bonus", "total_loss")
+
+
+class MiniBatch(NamedTuple):
+    """The samples of one mini-batch that this process trains on."""
+
+    batch: ExperienceBatch  # singleton groups, one per sample
+    advantages: Tensor  # (n,)
+    num_samples: int  # size of the whole mini-batch (over every rank)
+    global_counts: GlobalCounts | None  # its sequences and tokens; None in one process
+    scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none (distributed)
 
 
 class GRPOTrainer:
@@ -55,7 +69,9 @@ class GRPOTrainer:
         reward_model: Any,
         optimizer: torch.optim.Optimizer | None = None,
         config: GRPOConfig | None = None,
+        distributed_config: distributed.DistributedConfig | None = None,
     ) -> None:
+        """`distributed_config` applies only in a process group of more than one rank."""
         validate_policy_model(policy_model)
         validate_reward_model(reward_model)
         config = GRPOConfig() if config is None else config
@@ -84,6 +100,14 @@ class GRPOTrainer:
             clip_epsilon_high=config.clip_epsilon_high,
             max_completion_length=config.max_completion_length,
         )
+        self.data_parallel = None
+        if distributed.world_size() > 1:  # before the optimizer: FSDP2 replaces parameters
+            if optimizer is not None and getattr(distributed_config, "strategy", "") == "fsdp2":
+                raise ValueError(
+                    "optimizer: FSDP2 shards the parameters, so an optimizer built before "
+                    "the trainer holds stale ones; pass optimizer=None"
+                )
+            self.data_parallel = distributed.DataParallel(policy_model, distributed_config)
         if optimizer is None:
             params = list(policy_model.get_parameters().values())
             optimizer = torch.optim.Adam(params, lr=config.learning_rate)
@@ -99,10 +123,14 @@ class GRPOTrainer:
     def train_step(self, states: Sequence[Any]) -> dict[str, float]:
         """One GRPO update on `states`; returns detached scalar metrics."""
         start = time.perf_counter()
-        batch = self.experience_collector.collect_experiences(states)
+        dp = self.data_parallel
+        batch = self.experience_collector.collect_experiences(
+            states if dp is None else dp.shard_states(states)
+        )
         collected = time.perf_counter()
-        advantages = self.advantage_estimator.compute_advantages(batch)  # (N,)
-        metrics = self._rollout_metrics(batch, advantages)
+        rewards = batch if dp is None else dp.global_rewards(batch)  # every rank's rewards
+        advantages = self.advantage_estimator.compute_advantages(rewards)  # (N,) global
+        metrics = self._rollout_metrics(rewards.reward_groups, advantages)
         metrics["collection_time"] = collected - start
         metrics["advantage_time"] = time.perf_counter() - collected
 
@@ -130,32 +158,52 @@ class GRPOTrainer:
         epoch_sums: dict[str, float] = defaultdict(float)
         for start in range(0, len(mini_batches), window_size):
             window = mini_batches[start : start + window_size]
-            window_samples = sum(len(adv) for _, adv in window)
+            window_samples = sum(mb.num_samples for mb in window)
             finite = True
             self.optimizer.zero_grad(set_to_none=True)
-            for mini_batch, mini_advantages in window:
-                loss_dict = self.objective.compute_loss(
-                    self.policy, self.reference_policy, mini_batch, mini_advantages
-                )
-                weight = len(mini_advantages) / window_samples
+            for k, mb in enumerate(window):
                 # weighted so the window's gradient is that of one concatenated batch
-                (loss_dict["total_loss"] * weight).backward()
+                weight = mb.num_samples / window_samples
+                loss_dict = self._backward(mb, weight, sync=k == len(window) - 1)
                 finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
-                _accumulate(epoch_sums, loss_dict, len(mini_advantages))
+                if self.data_parallel is None:
+                    _accumulate(epoch_sums, loss_dict, mb.num_samples)
+                elif mb.scale:
+                    distributed.accumulate_metrics(
+                        epoch_sums, loss_dict, len(mb.advantages), mb.num_samples
+                    )
+            if self.data_parallel is not None:
+                finite = self.data_parallel.all_true(finite)
             self._optimizer_step(finite, totals)
+        if self.data_parallel is not None:
+            epoch_sums = self.data_parallel.sum_metrics(epoch_sums)
         n = len(advantages)
         for key, value in epoch_sums.items():
             totals[key] += value
         totals["samples"] += n
         return {key: value / n for key, value in epoch_sums.items()}
 
+    def _backward(self, mb: MiniBatch, weight: float, sync: bool) -> dict[str, Any]:
+        """Loss of one mini-batch, backpropagated with `weight`; returns the loss dict."""
+
+        def loss() -> dict[str, Any]:
+            return self.objective.compute_loss(
+                self.policy, self.reference_policy, mb.batch, mb.advantages, mb.global_counts
+            )
+
+        if self.data_parallel is not None:  # gradients summed over ranks when `sync`
+            return self.data_parallel.backward(loss, weight * mb.scale, sync)
+        loss_dict = loss()
+        (loss_dict["total_loss"] * weight).backward()
+        return loss_dict
+
     def _optimizer_step(self, loss_finite: bool, totals: dict[str, float]) -> None:
         """Clip, then step, unless the loss or the pre-clip gradient norm is not finite."""
         params = [p for p in self.policy.get_parameters().values() if p.requires_grad]
         max_norm = self.config.max_grad_norm
-        grad_norm = float(
+        grad_norm = distributed.scalar(
             torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
-        )  # the norm *before* clipping
+        )  # the norm *before* clipping, over every rank's gradients
         if loss_finite and math.isfinite(grad_norm):
             self.optimizer.step()
             totals["grad_norm_sum"] += grad_norm
@@ -172,28 +220,30 @@ class GRPOTrainer:
 
     def _create_mini_batches(
         self, batch: ExperienceBatch, advantages: Tensor
-    ) -> Iterator[tuple[ExperienceBatch, Tensor]]:
-        """Shuffled mini-batches of `batch_size` samples, each a batch of singleton groups."""
-        N, G = batch.num_samples, batch.group_size
+    ) -> Iterator[MiniBatch]:
+        """Shuffled mini-batches of `batch_size` samples of the global batch (N = len(advantages)).
+
+        With data parallelism every rank draws the same permutation and keeps the
+        samples of each mini-batch that it holds (see `grpo.distributed`).
+        """
+        dp = self.data_parallel
+        N = len(advantages)
         order = torch.randperm(N, generator=self.generator)
-        flat_actions = batch.flat_actions()
-        flat_old = [lp for group in batch.log_prob_old_groups for lp in group]
+        tokens = None if dp is None else dp.global_token_counts(batch)  # (N,)
         for start in range(0, N, self.config.batch_size):
-            idx = order[start : start + self.config.batch_size]  # (n,)
-            rows = idx.tolist()
-            mini_batch = ExperienceBatch(
-                states=[batch.states[n // G] for n in rows],
-                action_groups=[[flat_actions[n]] for n in rows],
-                reward_groups=[[batch.reward_groups[n // G][n % G]] for n in rows],
-                log_prob_old_groups=[[flat_old[n]] for n in rows],
-                old_token_logprobs=_rows(batch.old_token_logprobs, idx),
-                completion_mask=_rows(batch.completion_mask, idx),
-            )
-            yield mini_batch, advantages[idx]
+            idx = order[start : start + self.config.batch_size]  # (n,) global sample ids
+            if dp is None:
+                yield MiniBatch(_select(batch, idx), advantages[idx], len(idx), None)
+                continue
+            owned, rows, scale = dp.own(idx)
+            counts = GlobalCounts(len(idx), int(tokens[idx].sum()))
+            yield MiniBatch(_select(batch, rows), advantages[owned], len(idx), counts, scale)
 
     # -------------------------------------------------------------- metrics
-    def _rollout_metrics(self, batch: ExperienceBatch, advantages: Tensor) -> dict[str, float]:
-        rewards = torch.tensor(batch.reward_groups, dtype=torch.float64)  # (B, G)
+    def _rollout_metrics(
+        self, reward_groups: list[list[float]], advantages: Tensor
+    ) -> dict[str, float]:
+        rewards = torch.tensor(reward_groups, dtype=torch.float64)  # (B, G)
         all_equal = (rewards == rewards[:, :1]).all(dim=1)  # (B,)
         return {
             "reward/mean": rewards.mean().item(),
@@ -201,7 +251,7 @@ class GRPOTrainer:
             "reward/zero_std_frac": all_equal.double().mean().item(),
             "advantage_mean": advantages.mean().item(),
             "advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-            "total_samples": float(batch.num_samples),
+            "total_samples": float(len(advantages)),
         }
 
     def _step_summary(self, totals: dict[str, float]) -> dict[str, float]:
@@ -224,7 +274,12 @@ class GRPOTrainer:
     def _make_reference(self) -> Any:
         """A frozen copy of the policy (or the policy's own `make_reference()`)."""
         make = getattr(self.policy, "make_reference", None)
-        reference = make() if callable(make) else copy.deepcopy(self.policy)
+        if callable(make):
+            reference = make()
+        elif self.data_parallel is not None:  # FSDP2 modules cannot be deep-copied
+            reference = self.data_parallel.copy_policy(self.policy)
+        else:
+            reference = copy.deepcopy(self.policy)
         own = {id(p) for p in self.policy.get_parameters().values()}
         for p in reference.get_parameters().values():
             if id(p) not in own:  # never freeze weights the policy itself trains
@@ -239,18 +294,24 @@ class GRPOTrainer:
 
     # ---------------------------------------------------------- checkpoints
     def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
-        """Atomically save everything needed to resume this run bitwise-exactly."""
+        """Atomically save everything needed to resume this run bitwise-exactly.
+
+        Data-parallel: call on every rank; rank 0 writes full (unsharded) weights and
+        optimizer state, which any number of processes can resume from.
+        """
         if best_loss is not None:
             self.best_loss = float(best_loss)
+        dp = self.data_parallel
+        model_state = checkpoint.model_state if dp is None else dp.model_state
         state = {
             "format_version": checkpoint.FORMAT_VERSION,
-            "policy": checkpoint.model_state(self.policy),
+            "policy": model_state(self.policy),
             "reference_policy": (
-                None
-                if self.reference_policy is None
-                else checkpoint.model_state(self.reference_policy)
+                None if self.reference_policy is None else model_state(self.reference_policy)
             ),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (
+                self.optimizer.state_dict() if dp is None else dp.optimizer_state(self.optimizer)
+            ),
             "step_count": self.step_count,
             "epoch_count": self.epoch_count,
             "best_loss": self.best_loss,
@@ -258,23 +319,46 @@ class GRPOTrainer:
             "config": self.config.to_dict(),
             "rng": checkpoint.rng_state(self.generator),
         }
-        checkpoint.atomic_save(state, path)
+        if distributed.is_main_process():
+            checkpoint.atomic_save(state, path)
+        distributed.barrier()  # no rank reads or moves on before the file exists
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore a `save_checkpoint` file into this trainer; returns the raw state."""
         state = checkpoint.load(path)
-        checkpoint.load_model_state(self.policy, state["policy"])
+        dp = self.data_parallel
+        load_model_state = checkpoint.load_model_state if dp is None else dp.load_model_state
+        load_model_state(self.policy, state["policy"])
         if state.get("reference_policy") is not None:
             if self.reference_policy is None:
                 self.reference_policy = self._make_reference()
-            checkpoint.load_model_state(self.reference_policy, state["reference_policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            load_model_state(self.reference_policy, state["reference_policy"])
+        if dp is None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            dp.load_optimizer_state(self.optimizer, state["optimizer"])
         self.step_count = int(state["step_count"])
         self.epoch_count = int(state.get("epoch_count", 0))
         self.best_loss = float(state.get("best_loss", math.inf))
         self.history = list(state.get("history", []))
         checkpoint.set_rng_state(state["rng"], self.generator)
         return state
+
+
+def _select(batch: ExperienceBatch, idx: Tensor) -> ExperienceBatch:
+    """Samples idx (n,) of `batch` as a batch of n singleton groups."""
+    G = batch.group_size
+    rows = idx.tolist()
+    flat_actions = batch.flat_actions()
+    flat_old = [lp for group in batch.log_prob_old_groups for lp in group]
+    return ExperienceBatch(
+        states=[batch.states[n // G] for n in rows],
+        action_groups=[[flat_actions[n]] for n in rows],
+        reward_groups=[[batch.reward_groups[n // G][n % G]] for n in rows],
+        log_prob_old_groups=[[flat_old[n]] for n in rows],
+        old_token_logprobs=_rows(batch.old_token_logprobs, idx),
+        completion_mask=_rows(batch.completion_mask, idx),
+    )
 
 
 def _rows(tensor: Tensor | None, idx: Tensor) -> Tensor | None:

@@ -56,7 +56,9 @@ def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()  # join characters back without separators
-    corpus = [row["prompt"] + row["answer"] for row in generate_dataset(2000, seed=seed, config=TASK)]
+    corpus = [
+        row["prompt"] + row["answer"] for row in generate_dataset(2000, seed=seed, config=TASK)
+    ]
     corpus.append("0123456789+-*=")  # every symbol the task can produce, whatever the sample
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1)
     tokenizer.train_from_iterator(corpus, trainer=trainer)
@@ -110,7 +112,8 @@ def train(model, tokenizer, args: argparse.Namespace) -> list[dict[str, float]]:
     rows = generate_dataset(args.train_problems, seed=args.seed, config=TASK)
     validation = generate_dataset(256, seed=args.seed + 1, config=TASK)  # train split, not held out
     held_out = generate_dataset(args.eval_problems, split="held_out", seed=0, config=TASK)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
     rng = random.Random(args.seed)
     log = []
     model.train()
@@ -118,7 +121,9 @@ def train(model, tokenizer, args: argparse.Namespace) -> list[dict[str, float]]:
         loss = model(**sft_batch(tokenizer, rng.sample(rows, args.batch_size))).loss
         optimizer.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the loss spikes without it
         optimizer.step()
+        warmup.step()
         if step % args.eval_every == 0 or step == args.steps:
             entry = {"step": step, "loss": round(loss.item(), 4)}
             for name, data in (("validation", validation), ("held_out", held_out)):
@@ -129,16 +134,23 @@ def train(model, tokenizer, args: argparse.Namespace) -> list[dict[str, float]]:
     return log
 
 
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class that both transformers 4.x and 5.x resolve from tokenizer.json."""
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "grpo" / "assets" / "arith-tiny")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=300, help="SFT steps; few on purpose")
+    parser.add_argument("--steps", type=int, default=790, help="SFT steps; few on purpose")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--train-problems", type=int, default=4000)
     parser.add_argument("--eval-problems", type=int, default=500)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
 
@@ -154,10 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
+    _portable_tokenizer_class(args.out / "tokenizer_config.json")
     info = {
         "task": {k: v for k, v in vars(TASK).items()},
         "model": {"class": "LlamaForCausalLM", "parameters": model.num_parameters(), **MODEL},
-        "sft": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"},
+        "sft": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"
+        },
         "held_out_accuracy": log[-1]["held_out_accuracy"],
         "validation_accuracy": log[-1]["validation_accuracy"],
         "log": log,

@@ -49,9 +49,11 @@ def test_multi_logger_fans_out(tmp_path):
     multi = MultiLogger([a, b, NullLogger()])
     multi.log({"x": 1.0}, step=3)
     multi.close()
-    assert read_metrics(tmp_path / "a.jsonl") == read_metrics(tmp_path / "b.jsonl") == [
-        {"step": 3, "x": 1.0}
-    ]
+    assert (
+        read_metrics(tmp_path / "a.jsonl")
+        == read_metrics(tmp_path / "b.jsonl")
+        == [{"step": 3, "x": 1.0}]
+    )
 
 
 def test_plot_run_writes_png(tmp_path):

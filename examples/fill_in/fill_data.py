@@ -41,7 +41,9 @@ class CharVocab:
         """Text of a window; masked positions shown as `mask_char`."""
         out = []
         for i in ids.tolist():
-            out.append(mask_char if i == MASK else "" if i == PAD else self.chars[i - len(SPECIALS)])
+            out.append(
+                mask_char if i == MASK else "" if i == PAD else self.chars[i - len(SPECIALS)]
+            )
         return "".join(out)
 
 

@@ -1,8 +1,8 @@
 """The two small networks of the fill-in example and their supervised training.
 
-- The generator is a `transformers` BERT masked LM with a character
-  vocabulary (no tokenizer, no download): bidirectional, so it can fill every
-  masked position of a window in one step. It is pre-trained by masked-LM.
+- The generator is a tiny bidirectional character transformer (a user's
+  module: ids in, logits out), so it can fill every masked position of a
+  window in one step. It is pre-trained by masked-LM.
 - The judge is a small convolutional classifier that outputs P(real) for a
   window; it learns to tell real windows from the pre-trained generator's
   fills, then stays frozen as the GRPO reward.
@@ -18,27 +18,43 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
-from torch import Tensor, nn
-from transformers import BertConfig, BertForMaskedLM, get_cosine_schedule_with_warmup
-
 from fill_data import MASK, PAD
+from torch import Tensor, nn
+from transformers import get_cosine_schedule_with_warmup
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_generator(vocab_size: int, window: int, width: int = 64, layers: int = 2) -> nn.Module:
-    """A tiny BERT masked LM over characters; dropout off so sampling and scoring agree."""
-    config = BertConfig(
-        vocab_size=vocab_size, hidden_size=width, num_hidden_layers=layers,
-        num_attention_heads=4, intermediate_size=2 * width, max_position_embeddings=window,
-        type_vocab_size=1, pad_token_id=PAD, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
-    return BertForMaskedLM(config)
+class CharFillTransformer(nn.Module):
+    """Bidirectional character fill-in model: ids (N, W) -> logits (N, W, V).
+
+    A width-5 convolution mixes each character with its neighbours before the
+    (pre-LayerNorm) transformer layers: on a few KB of text a plain character
+    transformer spends its first thousand steps at the unigram plateau, the
+    convolution gives it local context from the first step.
+    """
+
+    def __init__(self, vocab_size: int, window: int, width: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.position = nn.Parameter(0.02 * torch.randn(window, width))
+        self.conv = nn.Conv1d(width, width, 5, padding=2)
+        layer = nn.TransformerEncoderLayer(
+            width, nhead=4, dim_feedforward=2 * width, dropout=0.0,  # no dropout: sampling = scoring
+            batch_first=True, norm_first=True,
+        )  # fmt: skip
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.embed(ids) + self.position[: ids.shape[1]]  # (N, W, D)
+        h = h + torch.relu(self.conv(h.transpose(1, 2))).transpose(1, 2)  # (N, W, D)
+        return self.head(self.norm(self.encoder(h)))  # (N, W, V)
 
 
 class CharJudge(nn.Module):
-    """P(window is real text): embeddings -> two width-5 convolutions -> max-pool -> logit."""
+    """P(window is real text): embeddings -> two width-5 convolutions -> mean-pooled logit."""
 
     def __init__(self, vocab_size: int, width: int = 48) -> None:
         super().__init__()
@@ -50,7 +66,9 @@ class CharJudge(nn.Module):
     def logit(self, ids: Tensor) -> Tensor:
         h = self.embed(ids).transpose(1, 2)  # (N, D, W)
         h = torch.relu(self.conv2(torch.relu(self.conv1(h))))  # (N, D, W)
-        return self.head(h.amax(-1))[:, 0]  # (N,) max over positions: one bad spot suffices
+        # Mean over positions: each character's evidence adds up, so the score moves
+        # smoothly with every improved fill (a max-pool is set by the single worst spot).
+        return self.head(h.transpose(1, 2)).mean(dim=(1, 2))  # (N,)
 
     def forward(self, ids: Tensor) -> Tensor:
         return torch.sigmoid(self.logit(ids))  # (N,)
@@ -104,8 +122,9 @@ def masked_lm_loss(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
     """Cross-entropy of the true characters at masked positions only."""
 
     def loss(masked: Tensor, windows: Tensor) -> Tensor:
-        labels = windows.masked_fill(masked != MASK, -100)  # (n, W) -100 = ignored
-        return model(input_ids=masked, labels=labels).loss
+        is_masked = masked == MASK  # (n, W)
+        logits = model(masked)[is_masked].float()  # (M, V)
+        return nn.functional.cross_entropy(logits, windows[is_masked])
 
     return loss
 

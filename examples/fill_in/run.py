@@ -33,7 +33,7 @@ from transformers import get_cosine_schedule_with_warmup
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fill_data import MASK, PAD, CharVocab, load_text, mask_windows, sample_windows, split_ids  # noqa: E402
-from fill_models import CharJudge, Precision, build_generator, fit, judge_loss, masked_lm_loss  # noqa: E402
+from fill_models import CharFillTransformer, CharJudge, Precision, fit, judge_loss, masked_lm_loss  # noqa: E402
 
 from grpo.config import GRPOConfig  # noqa: E402
 from grpo.functional import kl_estimate  # noqa: E402
@@ -52,17 +52,17 @@ class Settings:
     """Share of each window's characters that are masked and filled."""
     pretrain_steps: int = 500
     """Masked-LM steps for the generator."""
-    judge_steps: int = 200
+    judge_steps: int = 600
     """Classifier steps for the judge (real windows vs generator fills)."""
-    grpo_steps: int = 60
+    grpo_steps: int = 80
     """GRPO steps (`GRPOTrainer.train_step` calls)."""
     states_per_step: int = 16
     """Masked windows per GRPO step (B); each is filled group_size times."""
     group_size: int = 8
     """G: fills per masked window."""
-    lr: float = 3e-4
+    lr: float = 1e-3
     """Peak GRPO learning rate (warm-up then cosine decay)."""
-    kl_coeff: float = 0.02
+    kl_coeff: float = 0.1
     """Weight of the KL penalty to the frozen pre-trained generator."""
     temperature: float = 1.0
     """Sampling temperature, also used by the log-probabilities."""
@@ -89,7 +89,9 @@ class Settings:
 
 
 @torch.no_grad()
-def evaluate(policy, reference, judge, states: list[Tensor], truth: Tensor, samples: int, seed: int):
+def evaluate(
+    policy, reference, judge, states: list[Tensor], truth: Tensor, samples: int, seed: int
+):
     """Mean judge score, masked-character accuracy and KL(π‖π_ref) per masked character."""
     policy.generator = torch.Generator(policy.device).manual_seed(seed)  # same draws each time
     actions = [a for group in policy.generate_actions(states, samples) for a in group]
@@ -108,15 +110,15 @@ def evaluate(policy, reference, judge, states: list[Tensor], truth: Tensor, samp
 
 def pretrain(s: Settings, vocab: CharVocab, train_ids: Tensor, precision: Precision, gen):
     """Masked-LM pre-training of the generator (step 1)."""
-    generator = build_generator(vocab.size, s.window).to(precision_device(precision))
+    generator = CharFillTransformer(vocab.size, s.window).to(precision_device(precision))
 
     def batches():
         while True:
             windows = sample_windows(train_ids, s.batch_size, s.window, gen)
             masked = mask_windows(windows, s.mask_rate, gen)
-            yield masked.to(generator.device), windows.to(generator.device)
+            yield masked.to(precision_device(precision)), windows.to(precision_device(precision))
 
-    losses = fit(generator, batches(), masked_lm_loss(generator), s.pretrain_steps, 2e-3, precision)
+    losses = fit(generator, batches(), masked_lm_loss(generator), s.pretrain_steps, 3e-3, precision)
     return generator, losses
 
 
@@ -129,7 +131,9 @@ def train_judge(s: Settings, policy: MaskedFillPolicy, train_ids, vocab, precisi
     def batches():
         while True:
             real = sample_windows(train_ids, half, s.window, gen)
-            fake = policy.fill(list(mask_windows(sample_windows(train_ids, half, s.window, gen), s.mask_rate, gen)))
+            fake = policy.fill(
+                list(mask_windows(sample_windows(train_ids, half, s.window, gen), s.mask_rate, gen))
+            )
             labels = torch.cat([torch.ones(half), torch.zeros(half)])
             yield torch.cat([real, fake]).to(device), labels.to(device)
 
@@ -163,7 +167,9 @@ def grpo_phase(s, policy, reward, train_ids, held, vocab, gen, log) -> GRPOTrain
             state = held[0][step // s.sample_every % len(held[0])]
             fill = policy.fill([state])[0]
             score = reward.score_sequences([fill]).item()
-            log(f"    masked: {vocab.decode(state)!r}\n    filled: {vocab.decode(fill)!r} judge {score:.2f}")
+            log(
+                f"    masked: {vocab.decode(state)!r}\n    filled: {vocab.decode(fill)!r} judge {score:.2f}"
+            )
         if out and s.save_every and step % s.save_every == 0:
             trainer.save_checkpoint(str(out / f"grpo_step{step}.pt"))
     if out:

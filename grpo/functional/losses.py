@@ -38,7 +38,15 @@ from torch import Tensor
 from grpo.functional._checks import check_positive, check_shape, check_tensor, lookup
 from grpo.functional.kl import KL_ESTIMATORS, kl_estimate
 
-__all__ = ["AGGREGATIONS", "POLICY_LOSSES", "Clip", "TokenLoss", "aggregate", "policy_loss"]
+__all__ = [
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "Clip",
+    "GlobalCounts",
+    "TokenLoss",
+    "aggregate",
+    "policy_loss",
+]
 
 
 class Clip(NamedTuple):
@@ -136,6 +144,41 @@ AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int], Tensor]] = {
 """name -> fn(values (N, T) zero at padding, completion_mask, max_completion_length) -> ()."""
 
 
+class GlobalCounts(NamedTuple):
+    """Sizes of a batch that is split across processes, counted over every part."""
+
+    num_sequences: int  # N of the whole batch
+    num_tokens: int  # Σ_i |o_i| of the whole batch
+
+
+# The same denominators as AGGREGATIONS, taken from GlobalCounts: each process
+# returns its own share of the numerator over the whole batch's denominator, so
+# the shares sum (across processes) to the aggregation of the whole batch.
+def _sequence_mean_share(values: Tensor, completion_mask: Tensor, max_length, counts) -> Tensor:
+    lengths = completion_mask.sum(dim=1).clamp(min=1)  # (n,) |o_i|
+    return (values.sum(dim=1) / lengths).sum() / counts.num_sequences
+
+
+def _token_mean_share(values: Tensor, completion_mask: Tensor, max_length, counts) -> Tensor:
+    return values.sum() / max(counts.num_tokens, 1)
+
+
+def _constant_length_share(values: Tensor, completion_mask: Tensor, max_length, counts) -> Tensor:
+    return values.sum() / (counts.num_sequences * max_length)
+
+
+def _sequence_sum_share(values: Tensor, completion_mask: Tensor, max_length, counts) -> Tensor:
+    return values.sum() / counts.num_sequences
+
+
+_SHARES: dict[str, Callable[[Tensor, Tensor, int, GlobalCounts], Tensor]] = {
+    "sequence_mean": _sequence_mean_share,
+    "token_mean": _token_mean_share,
+    "constant_length": _constant_length_share,
+    "sequence_sum": _sequence_sum_share,
+}
+
+
 def _masked(values: Tensor, completion_mask: Tensor) -> Tensor:
     # where, not multiplication: 0 * inf and 0 * NaN are NaN, and so are their gradients
     return torch.where(completion_mask, values, torch.zeros_like(values))
@@ -150,8 +193,13 @@ def aggregate(
     completion_mask: Tensor,
     aggregation: str = "sequence_mean",
     max_completion_length: int | None = None,
+    global_counts: GlobalCounts | None = None,
 ) -> Tensor:
-    """One number from per-token values (N, T) with the named denominator; padding ignored."""
+    """One number from per-token values (N, T) with the named denominator; padding ignored.
+
+    `global_counts` given: these N rows are one part of a larger batch; returns
+    this part's share, whose sum over all parts is the whole batch's value.
+    """
     fn = lookup(AGGREGATIONS, aggregation, "aggregation")
     check_tensor(values, "values")
     check_shape(completion_mask, "completion_mask", tuple(values.shape), "values")
@@ -160,6 +208,9 @@ def aggregate(
     length = values.shape[-1] if max_completion_length is None else max_completion_length
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"max_completion_length: got {length!r}; allowed: None or an int >= 1")
+    if global_counts is not None:
+        share = _SHARES[aggregation]
+        return share(_masked(values, completion_mask), completion_mask, length, global_counts)
     return fn(_masked(values, completion_mask), completion_mask, length)
 
 
@@ -236,6 +287,7 @@ def policy_loss(
     entropy_coeff: float = 0.0,
     max_completion_length: int | None = None,
     cispo_clip_low: bool = False,
+    global_counts: GlobalCounts | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy loss + β·KL - entropy_coeff·entropy, each aggregated the same way.
 
@@ -244,6 +296,9 @@ def policy_loss(
     (logprobs.detach(), ratio 1). `eps_high` None means `eps_low`;
     `max_completion_length` None means T (used by "constant_length" only);
     `cispo_clip_low` also bounds CISPO's weight below at 1 - eps_low.
+    `global_counts` (data-parallel training): these rows are one process's part of
+    a batch of that many sequences and tokens; the loss terms are this part's
+    shares (see `aggregate`), the statistics stay means over these rows.
     Returns (loss (), stats): detached 0-dim tensors "loss/policy", "loss/kl",
     "loss/entropy" (they sum to the loss), "ratio/mean", "clip/low_frac",
     "clip/high_frac" (means over counted tokens), "kl/mean" (when ref_logprobs
@@ -258,7 +313,7 @@ def policy_loss(
     mask = completion_mask
 
     def total(values: Tensor) -> Tensor:  # the chosen denominator, padding ignored
-        return aggregate(values, mask, aggregation, max_completion_length)
+        return aggregate(values, mask, aggregation, max_completion_length, global_counts)
 
     # padding is zeroed before any arithmetic so NaN/inf there can reach nothing
     logprobs = _masked(logprobs, mask)  # (N, T)

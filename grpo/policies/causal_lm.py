@@ -56,7 +56,9 @@ class CausalLMSettings:
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     """Sampling settings; its temperature is also the one log-probs are scored at."""
     micro_batch_size: int = 8
-    """Rows per forward pass when scoring log-probs (bounds activation memory)."""
+    """Rows per forward pass when scoring log-probs. This bounds the memory of the no-grad
+    passes (old and reference log-probs); with gradients, every micro-batch's activations
+    live until backward, so bound those with the trainer's batch_size and accumulation."""
     mask_truncated_completions: bool = False
     """Give completions that hit max_new_tokens without EOS an all-False mask."""
     compute_entropy: bool = True

@@ -99,7 +99,9 @@ class MaskedFillConfig:
         ]  # fmt: skip
         for field, value, ok, allowed in checks:
             if not ok:
-                raise ValueError(f"MaskedFillConfig.{field}={value!r} is invalid: expected {allowed}")
+                raise ValueError(
+                    f"MaskedFillConfig.{field}={value!r} is invalid: expected {allowed}"
+                )
 
 
 def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -189,7 +191,9 @@ class MaskedFillPolicy:
         logits = getattr(out, "logits", out)
         if not isinstance(logits, Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
             got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-            raise ValueError(f"model must map ids {tuple(ids.shape)} to logits (N, T, V), got {got}")
+            raise ValueError(
+                f"model must map ids {tuple(ids.shape)} to logits (N, T, V), got {got}"
+            )
         return logits
 
     def _masked_logits(self, logits: Tensor, completion_mask: Tensor) -> Tensor:
@@ -295,9 +299,7 @@ class MaskedFillPolicy:
 
     def make_reference(self) -> MaskedFillPolicy:
         """A frozen copy of the current model: eval mode, no gradients, same config."""
-        return MaskedFillPolicy(
-            copy.deepcopy(self.model), self.config, generator=None, frozen=True
-        )
+        return MaskedFillPolicy(copy.deepcopy(self.model), self.config, generator=None, frozen=True)
 
     def state_dict(self) -> dict[str, Tensor]:
         return self.model.state_dict()

@@ -78,7 +78,9 @@ class TokenJudgeReward:
             )
         if not bool(torch.isfinite(rewards).all()):
             row = int((~torch.isfinite(rewards)).nonzero()[0])
-            raise ValueError(f"judge score of sequence {row} is {rewards[row].item()}: expected finite")
+            raise ValueError(
+                f"judge score of sequence {row} is {rewards[row].item()}: expected finite"
+            )
         return rewards
 
     def compute_rewards(self, states: list[Any], actions: list[Any]) -> Tensor:

@@ -65,9 +65,11 @@ def test_sampling_frequencies_match_exp_logprobs():
     n = 20000
     actions = policy.generate_actions([[MASK]], n)[0]
     freq = torch.bincount(torch.stack(actions)[:, 0], minlength=3).double() / n
-    probs = torch.stack(
-        [policy.get_log_probabilities([[MASK]], [[v]]).exp() for v in range(3)]
-    ).squeeze(-1).double()
+    probs = (
+        torch.stack([policy.get_log_probabilities([[MASK]], [[v]]).exp() for v in range(3)])
+        .squeeze(-1)
+        .double()
+    )
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.01)
     assert (freq - torch.softmax(logits[0, 0].double(), -1)).abs().max() > 0.1
 
@@ -98,7 +100,9 @@ def test_unmasked_logits_change_nothing_and_get_zero_gradient():
     perturbed = logits + 10.0 * torch.randn(logits.shape, generator=gen, dtype=torch.float64) * (
         ~mask
     ).unsqueeze(-1)
-    assert torch.equal(policy_for(perturbed, temperature=0.7).get_log_probabilities(states, actions), lp)
+    assert torch.equal(
+        policy_for(perturbed, temperature=0.7).get_log_probabilities(states, actions), lp
+    )
     lp.sum().backward()
     grad = policy.model.logits.grad  # (N, T, V)
     assert torch.equal(grad[~mask], torch.zeros_like(grad[~mask]))
@@ -114,7 +118,9 @@ def test_sum_and_mean_reductions_over_masked_positions():
     states, actions = [[MASK, 2, MASK]], [[3, 2, 4]]
     token = policy_for(logits).get_token_log_probabilities(states, actions).logprobs
     total = token[0, 0] + token[0, 2]
-    torch.testing.assert_close(policy_for(logits).get_log_probabilities(states, actions), total[None])
+    torch.testing.assert_close(
+        policy_for(logits).get_log_probabilities(states, actions), total[None]
+    )
     mean = policy_for(logits, reduction="mean").get_log_probabilities(states, actions)
     torch.testing.assert_close(mean, total[None] / 2)
 
@@ -142,7 +148,7 @@ def test_sampling_never_changes_unmasked_positions_of_a_masked_lm(tiny_bert):
         state[torch.rand(length, generator=gen) < 0.5] = MASK
         states.append(state)
     groups = policy.generate_actions(states, 4)
-    for state, group in zip(states, groups):
+    for state, group in zip(states, groups, strict=True):
         for action in group:
             keep = state != MASK
             assert action.shape == state.shape

@@ -1,0 +1,397 @@
+"""Data-parallel GRPO on PyTorch's own engine: torchrun, DDP by default, FSDP2 on request.
+
+Every process of `torchrun --nproc-per-node W` builds the same trainer and calls
+`train_step` with the same global list of S states. A step then maps onto W
+processes so that it computes what one process would (docs/distributed.md):
+
+- States: rank r keeps the contiguous block of S / W states starting at r·S/W.
+  A group of G actions is sampled and scored whole on the rank of its state, so
+  global sample n = i·G + j lives on rank n // (N / W), N = S·G.
+- Advantages: the N rewards are all-gathered and every rank computes the
+  advantages of the whole batch exactly as one process does, so batch-level
+  scaling and the logged reward statistics span all ranks.
+- Mini-batches: every rank draws the same permutation of the N global samples
+  from the trainer's generator (same seed, same draws); global mini-batch k is
+  order[k·M : (k+1)·M] and each rank trains on the samples of it that it owns.
+- Loss: each rank backpropagates W times its share Σ_own ℓ / D, where D is the
+  whole global mini-batch's denominator (its sequences, or its counted tokens
+  from per-sample counts all-gathered once per step). The shares sum to the
+  single-process loss; DDP and FSDP2 average over ranks, which W undoes.
+- A rank that owns no sample of a mini-batch still runs forward and backward (on
+  one of its samples, loss times 0) so every rank joins the same collectives.
+
+Departure from plain DDP usage: DDP wraps a runner around the policy's own module
+whose forward is the whole loss computation, so the policy keeps its unwrapped
+module (generation, parameter names) and may run several forwards per mini-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint.state_dict as dcp
+from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from grpo import checkpoint
+from grpo.records import ExperienceBatch
+
+__all__ = [
+    "DataParallel",
+    "DistributedConfig",
+    "barrier",
+    "init_from_env",
+    "is_main_process",
+    "policy_module",
+    "rank",
+    "scalar",
+    "shard_bounds",
+    "world_size",
+]
+
+STRATEGIES = ("ddp", "fsdp2")
+# loss-dict entries that are shares of a global mini-batch (sum over ranks = its value)
+SHARE_KEYS = frozenset(("total_loss", "policy_loss", "kl_penalty", "entropy_bonus"))
+SHARE_KEYS |= {"loss/policy", "loss/kl", "loss/entropy"}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class DistributedConfig:
+    """How a multi-process run shares the policy across ranks."""
+
+    strategy: str = "ddp"
+    """"ddp": replicate the model, all-reduce gradients; "fsdp2": shard parameters,
+    gradients and optimizer state with `torch.distributed.fsdp.fully_shard`."""
+    find_unused_parameters: bool = False
+    """DDP: allow trainable parameters that get no gradient in a step (slower)."""
+    fsdp_shard_modules: tuple[str, ...] | None = None
+    """FSDP2: class names of submodules sharded as units of their own (e.g.
+    ("Qwen2DecoderLayer",)); None = the model's `_no_split_modules` if it has them."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (less memory, one more all-gather)."""
+    fsdp_param_dtype: str | None = None
+    """FSDP2 mixed precision: compute dtype of gathered parameters ("bfloat16",
+    "float16", "float32"); None = as stored."""
+    fsdp_reduce_dtype: str | None = None
+    """FSDP2: dtype of the gradient reduce-scatter; None = the compute dtype."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}"
+            )
+        for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in _DTYPES:
+                raise ValueError(
+                    f"{name} must be None or one of {', '.join(_DTYPES)}; got {value!r}"
+                )
+
+
+# ------------------------------------------------------------ process group
+def init_from_env(backend: str | None = None) -> bool:
+    """Join the process group torchrun describes; False when not launched by torchrun.
+
+    Reads RANK, WORLD_SIZE and LOCAL_RANK. Backend None: "nccl" with CUDA (each
+    process on GPU LOCAL_RANK), else "gloo".
+    """
+    if dist.is_initialized():
+        return True
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return False
+    env = {name: os.environ.get(name, "0") for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    for name, value in env.items():
+        if not value.isdigit():
+            raise ValueError(f"environment variable {name} must be an integer >= 0, got {value!r}")
+    env = {name: int(value) for name, value in env.items()}
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(env["LOCAL_RANK"])
+    dist.init_process_group(backend, rank=env["RANK"], world_size=env["WORLD_SIZE"])
+    return True
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (and in a single process): the one process that writes files."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _device() -> torch.device:
+    """Where collective buffers live: NCCL only moves CUDA tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_gather(values: Tensor) -> Tensor:
+    """Equal-sized (n, ...) tensors of every rank -> (W·n, ...) in rank order, on CPU."""
+    values = values.to(_device())
+    parts = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, values)
+    return torch.cat(parts).cpu()
+
+
+def scalar(value: Any) -> float:
+    """A Python float from a tensor, a DTensor (FSDP2 gradient norms) or a number."""
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value)
+
+
+def shard_bounds(num_items: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of rank's contiguous equal block of num_items."""
+    if num_items % world_size:
+        raise ValueError(
+            f"states: got {num_items} states for {world_size} processes; allowed: a multiple "
+            f"of the number of processes, so that every rank samples as many groups"
+        )
+    size = num_items // world_size
+    return rank * size, (rank + 1) * size
+
+
+# ------------------------------------------------------------ model wrapping
+def policy_module(policy: Any) -> nn.Module:
+    """The `nn.Module` holding every trainable parameter: the policy or its `.model`."""
+    module = policy if isinstance(policy, nn.Module) else getattr(policy, "model", None)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"policy: data-parallel training needs an nn.Module policy or one with an nn.Module "
+            f"`.model`; got {type(policy).__name__}"
+        )
+    owned = {id(p) for p in module.parameters()}
+    stray = [name for name, p in policy.get_parameters().items() if id(p) not in owned]
+    if stray:
+        raise TypeError(
+            f"policy: parameters {stray} are not parameters of {type(module).__name__}; "
+            "register them in the module so that they can be synchronised"
+        )
+    return module
+
+
+class _LossRunner(nn.Module):
+    """Owns the policy's module; its forward is a whole loss computation (see module doc)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, compute: Callable[[], Any]) -> Any:
+        return compute()
+
+
+def _shard(module: nn.Module, config: DistributedConfig) -> None:
+    """fully_shard the chosen submodules, then the root (FSDP2's recommended order)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
+
+    names = config.fsdp_shard_modules
+    if names is None:
+        names = tuple(getattr(module, "_no_split_modules", None) or ())
+    dtypes = _DTYPES.get(config.fsdp_param_dtype), _DTYPES.get(config.fsdp_reduce_dtype)
+    options = {
+        "reshard_after_forward": config.fsdp_reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=dtypes[0], reduce_dtype=dtypes[1]),
+        # explicit: FSDP2's default mesh is on CUDA whenever CUDA exists, even under gloo
+        "mesh": init_device_mesh(_device().type, (dist.get_world_size(),)),
+    }
+    for sub in list(module.modules())[1:]:
+        if type(sub).__name__ in names:
+            fully_shard(sub, **options)
+    fully_shard(module, **options)
+
+
+class DataParallel:
+    """One process's part of a data-parallel run: its shard, collectives and wrapped model.
+
+    Build it before the optimizer: FSDP2 replaces the parameters with sharded ones.
+    """
+
+    def __init__(self, policy: Any, config: DistributedConfig | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("DataParallel needs a process group: call init_from_env() first")
+        self.config = DistributedConfig() if config is None else config
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.module = policy_module(policy)
+        self._num_local = 0  # samples this rank holds in the current step
+        if self.config.strategy == "ddp":
+            ddp = nn.parallel.DistributedDataParallel
+            # forwards outside the runner (generation) need no collective (renamed in 2.13)
+            new = "forward_sync_buffers" in inspect.signature(ddp).parameters
+            no_buffer_sync = {"forward_sync_buffers" if new else "broadcast_buffers": False}
+            self._ddp = ddp(
+                _LossRunner(self.module),  # broadcasts rank 0's weights to every rank
+                device_ids=[torch.cuda.current_device()] if _device().type == "cuda" else None,
+                find_unused_parameters=self.config.find_unused_parameters,
+                **no_buffer_sync,
+            )
+        else:
+            with torch.no_grad():  # start every shard from rank 0's weights, as DDP does
+                for tensor in self.module.state_dict().values():
+                    dist.broadcast(tensor, 0)
+            self._blueprint = copy.deepcopy(policy)  # made weightless, for `copy_policy`
+            policy_module(self._blueprint).to("meta")
+            _shard(self.module, self.config)
+            self._ddp = None
+
+    # ------------------------------------------------------------------ data
+    def shard_states(self, states: Sequence[Any]) -> list[Any]:
+        """This rank's contiguous block of the global states (S must divide by W)."""
+        start, stop = shard_bounds(len(states), self.rank, self.world_size)
+        return list(states[start:stop])
+
+    def global_rewards(self, batch: ExperienceBatch) -> ExperienceBatch:
+        """A rewards-only batch holding the (S, G) rewards of every rank, in global order."""
+        self._num_local = batch.num_samples
+        local = torch.tensor(batch.reward_groups, dtype=torch.float64)  # (S/W, G), exact copies
+        rewards = _all_gather(local)  # (S, G)
+        return ExperienceBatch([], [], rewards.tolist(), [])
+
+    def global_token_counts(self, batch: ExperienceBatch) -> Tensor:
+        """Counted tokens of every global sample (N,); 1 each for per-action policies."""
+        if batch.completion_mask is None:
+            return torch.ones(self._num_local * self.world_size, dtype=torch.long)
+        return _all_gather(batch.completion_mask.sum(dim=1).long().cpu())  # (N,)
+
+    def own(self, idx: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Of global samples idx (n,): those this rank holds, their local rows, and a loss scale.
+
+        A rank holding none of them gets its first sample with scale 0 (see module doc).
+        """
+        start = self.rank * self._num_local
+        owned = idx[(idx >= start) & (idx < start + self._num_local)]  # keeps the global order
+        if len(owned) == 0:
+            return idx.new_tensor([start]), idx.new_tensor([0]), 0.0
+        return owned, owned - start, 1.0
+
+    # ------------------------------------------------------------- training
+    def backward(self, compute: Callable[[], dict[str, Any]], weight: float, sync: bool):
+        """Run `compute` (-> loss dict) through the wrapper and backpropagate weight·W·loss.
+
+        DDP and FSDP2 average gradients over ranks; the factor W undoes that, so the
+        summed shares give the single-process gradient. `sync` False accumulates locally.
+        """
+        with self._gradient_sync(sync):
+            loss_dict = self._ddp(compute) if self._ddp is not None else compute()
+            (loss_dict["total_loss"] * (weight * self.world_size)).backward()
+        return loss_dict
+
+    def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:
+        if self._ddp is None:  # FSDP2: a flag, not a context
+            self.module.set_requires_gradient_sync(sync)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if sync else self._ddp.no_sync()
+
+    def all_true(self, flag: bool) -> bool:
+        """True only if `flag` is True on every rank (so all ranks skip a step together)."""
+        value = torch.tensor([float(flag)], device=_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return value.item() == 1.0
+
+    def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sum metric totals over ranks (keys missing on a rank count as 0)."""
+        gathered: list[dict[str, float]] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(gathered, dict(sums))
+        keys = sorted(set().union(*gathered))
+        return {key: sum(part.get(key, 0.0) for part in gathered) for key in keys}
+
+    # ------------------------------------------------- reference, checkpoints
+    def copy_policy(self, policy: Any) -> Any:
+        """A copy of the policy with its own weights (FSDP2: sharded like the policy's)."""
+        if self._ddp is not None:
+            return copy.deepcopy(policy)
+        # FSDP2 modules cannot be deep-copied: shard a weightless copy, then fill its shards
+        twin = copy.deepcopy(self._blueprint)
+        module = policy_module(twin)
+        _shard(module, self.config)
+        module.to_empty(device=next(self.module.parameters()).device)
+        with torch.no_grad():
+            for mine, theirs in zip(module.parameters(), self.module.parameters(), strict=True):
+                mine.copy_(theirs)  # shard to shard, same placements
+            for mine, theirs in zip(module.buffers(), self.module.buffers(), strict=True):
+                mine.copy_(theirs)
+        return twin
+
+    def model_state(self, policy: Any) -> dict[str, Tensor]:
+        """The full (unsharded) state dict of a policy, complete on rank 0; call on every rank."""
+        if self._ddp is not None:  # replicas: every rank holds the full state
+            return checkpoint.model_state(policy)
+        options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return dcp.get_model_state_dict(policy_module(policy), options=options)
+
+    def load_model_state(self, policy: Any, state: dict[str, Tensor]) -> None:
+        """Load a full state dict (written by any world size) into this rank's policy."""
+        if self._ddp is not None:
+            checkpoint.load_model_state(policy, state)
+            return
+        options = dcp.StateDictOptions(full_state_dict=True)
+        dcp.set_model_state_dict(policy_module(policy), state, options=options)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """`Optimizer.state_dict()` layout with full tensors, complete on rank 0."""
+        if self._ddp is not None:
+            return optimizer.state_dict()
+        options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        named = dcp.get_optimizer_state_dict(self.module, optimizer, options=options)
+        if self.rank != 0:  # cpu_offload leaves other ranks empty
+            return named
+        # name-keyed -> index-keyed, the layout any world size and one process load
+        index = {name: i for i, name in enumerate(_param_names(self.module, optimizer))}
+        return {
+            "state": {index[name]: values for name, values in named["state"].items()},
+            "param_groups": [
+                {**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]
+            ],
+        }
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Inverse of `optimizer_state`, on every rank."""
+        if self._ddp is not None:
+            optimizer.load_state_dict(state)
+            return
+        names = _param_names(self.module, optimizer)
+        named = {
+            "state": {names[i]: values for i, values in state["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
+            ],
+        }
+        options = dcp.StateDictOptions(full_state_dict=True)
+        dcp.set_optimizer_state_dict(self.module, optimizer, named, options=options)
+
+
+def _param_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the optimizer's index order (groups in order, params in order)."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def accumulate_metrics(
+    sums: dict[str, float], loss_dict: dict[str, Any], num_local: int, num_global: int
+) -> None:
+    """Add a mini-batch's scalars: shares weighted by the global mini-batch size, per-rank
+    means by the local sample count; `DataParallel.sum_metrics` then sums over ranks."""
+    for key, value in loss_dict.items():
+        value = value.item() if isinstance(value, Tensor) and value.numel() == 1 else value
+        if isinstance(value, (int, float)):
+            sums[key] += (num_global if key in SHARE_KEYS else num_local) * float(value)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -28,6 +29,8 @@ import torch
 __all__ = [
     "FORMAT_VERSION",
     "atomic_save",
+    "atomic_write",
+    "fsync_dir",
     "load",
     "model_state",
     "load_model_state",
@@ -39,14 +42,14 @@ FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "policy", "optimizer", "step_count", "rng")
 
 
-def atomic_save(state: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write `state` to `path` so that readers see the old file or the new one, never half."""
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """Call `write(file)` on a temporary file, then move it to `path`: readers see old or new."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
@@ -54,7 +57,12 @@ def atomic_save(state: dict[str, Any], path: str | os.PathLike) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    _fsync_dir(path.parent)  # make the rename itself durable
+    fsync_dir(path.parent)  # make the rename itself durable
+
+
+def atomic_save(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """`torch.save(state)` to `path` atomically (see `atomic_write`)."""
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -147,7 +155,7 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator | None = Non
         generator.set_state(state["generator"])
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     # Not every platform lets a directory be opened for fsync (Windows); the
     # rename is still atomic there, only its durability is weaker.
     with contextlib.suppress(OSError):

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["PromptSampler", "check_prompt_lengths", "load_prompts"]
+__all__ = ["check_prompt_lengths", "load_prompts"]
 
 
 def load_prompts(
@@ -109,41 +107,3 @@ def check_prompt_lengths(
             policy.encode_states([row])
         except ValueError as err:
             raise ValueError(f"{name} row {i}: {err}") from err
-
-
-class PromptSampler:
-    """Endless batches of B prompt records, reshuffled each pass (seeded)."""
-
-    def __init__(
-        self,
-        rows: Sequence[Mapping[str, Any]],
-        batch_size: int,
-        *,
-        seed: int = 0,
-        shuffle: bool = True,
-    ) -> None:
-        if not rows:
-            raise ValueError("rows is empty; the sampler needs at least one prompt")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: got {batch_size!r}; allowed: an integer >= 1")
-        self.rows = list(rows)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.generator = torch.Generator().manual_seed(seed)
-        self._order: list[int] = []
-
-    def __iter__(self) -> Iterator[list[Mapping[str, Any]]]:
-        return self
-
-    def __next__(self) -> list[Mapping[str, Any]]:
-        """The next B rows; a pass that runs out continues into a fresh shuffle."""
-        batch = []
-        while len(batch) < self.batch_size:
-            if not self._order:
-                n = len(self.rows)
-                perm = (
-                    torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
-                )
-                self._order = perm.tolist()
-            batch.append(self.rows[self._order.pop(0)])
-        return batch

@@ -1,4 +1,4 @@
-"""GRPO on a causal language model with text rewards: the loop around `GRPOTrainer`.
+"""GRPO on a causal language model with text rewards: the text adapter of `TrainingLoop`.
 
 Each step draws B prompt records, and `GRPOTrainer.train_step` samples G
 completions per prompt, scores them with the `TextReward`, and runs
@@ -8,24 +8,21 @@ clipping the gradient norm at `grpo.max_grad_norm`. Old log-probs are recorded
 once per generation, so epochs after the first are importance-weighted.
 
 This module adds what is specific to text: loading the model (optionally with
-LoRA), prompt datasets, a learning-rate schedule, held-out evaluation at the
-start, every `evaluation.every` steps and at the end, metrics, and saving.
+LoRA), prompt datasets, and held-out evaluation of reward and accuracy (greedy
+and sampled); `grpo.loop.TrainingLoop` runs the schedule, the evaluations at
+the start, every `evaluation.every` steps and at the end, and the metrics.
 
 Choices (departures from seed 001 and seed 004's defaults):
-- The schedule advances once per GRPO step (one generation batch), so
-  `warmup_steps` and `num_steps` count generation batches, not optimizer steps.
 - The reference policy is fixed for the whole run (`ref_update_frequency=0`),
   as in seed 001; with LoRA it is the base model with adapters disabled.
 - μ defaults to 1 (one gradient pass per generation, as most text GRPO runs do)
   and the entropy bonus to 0.
 
-Metrics per step (besides the trainer's): "completion/length_mean|max",
+Metrics per step (besides the trainer's and the loop's): "completion/length_mean|max",
 "completion/truncated_frac", "completion/eos_frac", "entropy/rollout_mean",
-"rewards/<fn>/mean|std", "reward/positive_frac", "reward/start",
-"reward/change" (now minus start), "loss/kl_share" = |KL term| / (|policy
-term| + |KL term|) (seed 001's "KL penalty ratio"), "lr". Evaluation records
-hold "eval/<mode>/reward_mean", "eval/<mode>/accuracy", ... and
-"eval/samples" (a list of dicts, the one non-scalar entry).
+"rewards/<fn>/mean|std|applied_frac", "reward/positive_frac". Evaluation records
+hold "eval/<mode>/reward_mean", "eval/<mode>/accuracy", ... and "eval/samples".
+`docs/metrics.md` explains every one.
 """
 
 from __future__ import annotations
@@ -36,11 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from grpo.config import GRPOConfig
-from grpo.data import PromptSampler, check_prompt_lengths, load_prompts
+from grpo.data import check_prompt_lengths, load_prompts
 from grpo.evaluation import MODES, evaluate
+from grpo.loop import (
+    SCHEDULERS,
+    ScheduleConfig,
+    StateSampler,
+    TrainingLoop,
+    check_int,
+    make_optimizer,
+)
 from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
 from grpo.policies.loading import LoraSettings, is_peft_model
 from grpo.rewards.combine import TextReward
@@ -49,46 +52,6 @@ from grpo.trainer import GRPOTrainer
 __all__ = ["EvalConfig", "ScheduleConfig", "TextGRPOConfig", "TextGRPOTrainer", "SCHEDULERS"]
 
 log = logging.getLogger("grpo")
-
-# our schedule names -> transformers.get_scheduler names (all take a warm-up)
-SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
-
-
-def _positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}.{name}: got {value!r}; allowed: an integer >= {minimum}")
-
-
-@dataclass
-class ScheduleConfig:
-    """Optimiser and learning-rate schedule."""
-
-    num_steps: int = 100
-    """GRPO steps (generation batches of B prompts x G completions)."""
-    learning_rate: float = 1e-6
-    """Peak AdamW learning rate (seed 001 found 1e-6 for full fine-tuning)."""
-    lr_scheduler: str = "constant"
-    """Shape after warm-up: a key of `SCHEDULERS` (constant, linear or cosine decay to 0)."""
-    warmup_steps: int = 0
-    """GRPO steps of linear warm-up from 0 to learning_rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-
-    def __post_init__(self) -> None:
-        _positive_int("schedule", "num_steps", self.num_steps)
-        _positive_int("schedule", "warmup_steps", self.warmup_steps, minimum=0)
-        if not isinstance(self.learning_rate, (int, float)) or not self.learning_rate > 0:
-            raise ValueError(
-                f"schedule.learning_rate: got {self.learning_rate!r}; allowed: a number > 0"
-            )
-        if self.lr_scheduler not in SCHEDULERS:
-            raise ValueError(
-                f"schedule.lr_scheduler: got {self.lr_scheduler!r}; allowed: {', '.join(SCHEDULERS)}"
-            )
-        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
-            raise ValueError(
-                f"schedule.weight_decay: got {self.weight_decay!r}; allowed: a number >= 0"
-            )
 
 
 @dataclass
@@ -108,10 +71,10 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         self.modes = tuple(self.modes)
-        _positive_int("evaluation", "every", self.every, minimum=0)
-        _positive_int("evaluation", "samples_per_prompt", self.samples_per_prompt)
-        _positive_int("evaluation", "batch_size", self.batch_size)
-        _positive_int("evaluation", "num_logged_samples", self.num_logged_samples, minimum=0)
+        check_int("evaluation", "every", self.every, minimum=0)
+        check_int("evaluation", "samples_per_prompt", self.samples_per_prompt)
+        check_int("evaluation", "batch_size", self.batch_size)
+        check_int("evaluation", "num_logged_samples", self.num_logged_samples, minimum=0)
         for mode in self.modes:
             if mode not in MODES:
                 raise ValueError(f"evaluation.modes: got {mode!r}; allowed: {', '.join(MODES)}")
@@ -151,8 +114,8 @@ class TextGRPOConfig:
     """Seeds the prompt order."""
 
     def __post_init__(self) -> None:
-        _positive_int("config", "prompts_per_step", self.prompts_per_step)
-        _positive_int("config", "seed", self.seed, minimum=0)
+        check_int("config", "prompts_per_step", self.prompts_per_step)
+        check_int("config", "seed", self.seed, minimum=0)
         for name, kind in (
             ("grpo", GRPOConfig),
             ("policy", CausalLMSettings),
@@ -163,21 +126,6 @@ class TextGRPOConfig:
                 raise TypeError(
                     f"config.{name}: got {type(getattr(self, name)).__name__}; allowed: {kind.__name__}"
                 )
-
-
-def _as_sink(sink: Any) -> Callable[[dict[str, Any], int], None]:
-    """A MetricsLogger (.log(metrics, step)), a callable f(metrics, step), a list, or None."""
-    if sink is None:
-        return lambda metrics, step: None
-    if isinstance(sink, list):
-        return lambda metrics, step: sink.append({"step": step, **metrics})
-    if callable(getattr(sink, "log", None)):
-        return sink.log
-    if callable(sink):
-        return sink
-    raise TypeError(
-        f"sink: got {type(sink).__name__}; allowed: a metrics logger, a callable, a list or None"
-    )
 
 
 class TextGRPOTrainer:
@@ -205,21 +153,6 @@ class TextGRPOTrainer:
         if self.eval_prompts is not None:
             check_prompt_lengths(self.eval_prompts, self.policy, name="eval_prompts")
         self.accuracy = accuracy
-        self.sink = _as_sink(sink)
-        self.sampler = PromptSampler(self.train_prompts, config.prompts_per_step, seed=config.seed)
-        schedule = config.schedule
-        params = list(self.policy.get_parameters().values())
-        self.optimizer = torch.optim.AdamW(
-            params, lr=schedule.learning_rate, weight_decay=schedule.weight_decay
-        )
-        from transformers import get_scheduler
-
-        self.scheduler = get_scheduler(
-            SCHEDULERS[schedule.lr_scheduler],
-            self.optimizer,
-            num_warmup_steps=schedule.warmup_steps,
-            num_training_steps=schedule.num_steps,
-        )
         grpo = config.grpo
         if is_peft_model(self.policy.model) and grpo.kl_coeff > 0 and grpo.ref_update_frequency > 0:
             warnings.warn(
@@ -228,11 +161,16 @@ class TextGRPOTrainer:
                 UserWarning,
                 stacklevel=2,
             )
-        self.trainer = GRPOTrainer(self.policy, self.reward, self.optimizer, grpo)
-        self.history: list[dict[str, Any]] = []
-        self.evaluations: list[dict[str, Any]] = []
-        self.step = 0
-        self._start_reward: float | None = None
+        self.trainer = GRPOTrainer(self.policy, self.reward, make_optimizer(config.schedule), grpo)
+        sampler = StateSampler(self.train_prompts, config.prompts_per_step, seed=config.seed)
+        self.loop = TrainingLoop(
+            self.trainer,
+            sampler,
+            config.schedule,
+            evaluate=self._evaluate if self.eval_prompts is not None else None,
+            eval_every=config.evaluation.every,
+            sink=sink,
+        )
 
     def _load_policy(self) -> CausalLMPolicy:
         c = self.config
@@ -242,44 +180,29 @@ class TextGRPOTrainer:
             c.model_path, c.policy, lora=c.lora, dtype=c.dtype, device=c.device
         )
 
+    # the loop's state, under the names this class has always had
+    optimizer = property(lambda self: self.trainer.optimizer)
+    scheduler = property(lambda self: self.loop.scheduler)
+    history = property(lambda self: self.loop.history)
+    evaluations = property(lambda self: self.loop.evaluations)
+    step = property(lambda self: self.loop.step)
+
     def train(self) -> list[dict[str, Any]]:
         """Evaluate, run every step (evaluating every k), evaluate, save; returns the step records."""
-        total = self.config.schedule.num_steps
-        every = self.config.evaluation.every
-        self.evaluate()
-        while self.step < total:
-            self.train_step()
-            if every and self.step % every == 0 and self.step < total:
-                self.evaluate()
-        self.evaluate()
+        history = self.loop.train()
         if self.config.output_dir is not None:
             self.policy.save_pretrained(self.config.output_dir, merged=self.config.save_merged)
-        return self.history
+        return history
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step on the next B prompts; returns (and logs) its metrics."""
-        lr = self.optimizer.param_groups[0]["lr"]
-        metrics = dict(self.trainer.train_step(next(self.sampler)))
-        self.scheduler.step()
-        self.step += 1
-        metrics.update(self.policy.rollout_metrics)
-        metrics.update(self.reward.last_metrics)
-        if self._start_reward is None:
-            self._start_reward = metrics["reward/mean"]
-        metrics["reward/start"] = self._start_reward
-        metrics["reward/change"] = metrics["reward/mean"] - self._start_reward
-        if "loss/kl" in metrics:
-            kl, pg = abs(metrics["loss/kl"]), abs(metrics.get("loss/policy", 0.0))
-            metrics["loss/kl_share"] = kl / (kl + pg) if kl + pg > 0 else 0.0
-        metrics["lr"] = lr
-        self.history.append(metrics)
-        self.sink(metrics, self.step)
-        return metrics
+        return self.loop.train_step()
 
     def evaluate(self) -> dict[str, Any]:
         """Held-out metrics now (empty when there are no eval prompts); logged with samples."""
-        if self.eval_prompts is None:
-            return {}
+        return self.loop.evaluate()
+
+    def _evaluate(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
         e = self.config.evaluation
         metrics, samples = evaluate(
             self.policy,
@@ -292,8 +215,5 @@ class TextGRPOTrainer:
             num_logged_samples=e.num_logged_samples,
         )
         for sample in samples:
-            log.info("step %d eval sample %s", self.step, sample)
-        record = {**metrics, "eval/samples": samples}
-        self.evaluations.append({"step": self.step, **record})
-        self.sink(record, self.step)
-        return record
+            log.info("step %d eval sample %s", self.loop.step, sample)
+        return metrics, samples

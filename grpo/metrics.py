@@ -82,10 +82,11 @@ class JsonlLogger:
 class TensorBoardLogger:
     """TensorBoard event files (needs the `tracking` extra: `pip install tensorboard`)."""
 
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str], purge_step: int | None = None) -> None:
+        """`purge_step`: a resumed run hides events logged at or after this step by the first try."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         for key, value in scalar_metrics(metrics).items():
@@ -126,27 +127,48 @@ class WandbLogger:
 
 
 class ProgressLogger:
-    """A tqdm bar on a terminal; plain log lines (one every `every` steps) otherwise."""
+    """A tqdm bar on a terminal; plain log lines (one every `every` steps) otherwise.
 
-    SHOWN = ("reward/mean", "kl/mean", "loss/total")
+    Step records show reward, KL and loss; evaluation records (keys "eval/...")
+    get a line of their own.
+    """
 
-    def __init__(self, total_steps: int, every: int = 1, stream: Any = None) -> None:
+    SHOWN = ("reward/mean", "kl/mean", "step_loss")
+
+    def __init__(
+        self, total_steps: int, every: int = 1, stream: Any = None, start_step: int = 0
+    ) -> None:
         self.total_steps = total_steps
         self.every = max(1, every)
         self.stream = stream if stream is not None else sys.stderr
+        self.start_step = start_step  # a resumed run: time left counts from here
         self._start = time.monotonic()
         self._bar = None
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total_steps, file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, initial=start_step, file=self.stream, dynamic_ncols=True
+            )
 
     def _summary(self, metrics: Mapping[str, float]) -> str:
         shown = [f"{k.split('/')[0]}={metrics[k]:.4g}" for k in self.SHOWN if k in metrics]
         return " ".join(shown)
 
+    def _write(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         scalars = scalar_metrics(metrics)
+        evaluation = {k: v for k, v in scalars.items() if k.startswith("eval/")}
+        if evaluation:
+            shown = " ".join(f"{k[5:]}={v:.4g}" for k, v in evaluation.items())
+            self._write(f"eval at step {step}: {shown}")
+            return
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             self._bar.set_postfix_str(self._summary(scalars))
@@ -154,12 +176,12 @@ class ProgressLogger:
         if step % self.every and step != self.total_steps:
             return
         elapsed = time.monotonic() - self._start
-        left = elapsed / max(step, 1) * max(self.total_steps - step, 0)
-        self.stream.write(
+        done = max(step - self.start_step, 1)
+        left = elapsed / done * max(self.total_steps - step, 0)
+        self._write(
             f"step {step}/{self.total_steps} {self._summary(scalars)} "
-            f"elapsed {elapsed:.0f}s left {left:.0f}s\n"
+            f"elapsed {elapsed:.0f}s left {left:.0f}s"
         )
-        self.stream.flush()
 
     def close(self) -> None:
         if self._bar is not None:

@@ -29,7 +29,7 @@ import math
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -67,11 +67,13 @@ class GRPOTrainer:
         self,
         policy_model: Any,
         reward_model: Any,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Callable[[list[Tensor]], Any] | None = None,
         config: GRPOConfig | None = None,
         distributed_config: distributed.DistributedConfig | None = None,
     ) -> None:
-        """`distributed_config` applies only in a process group of more than one rank."""
+        """`optimizer`: an optimizer over the policy's parameters, a factory params -> optimizer,
+        or None (Adam at `config.learning_rate`). `distributed_config` applies only in a
+        process group of more than one rank."""
         validate_policy_model(policy_model)
         validate_reward_model(reward_model)
         config = GRPOConfig() if config is None else config
@@ -102,15 +104,18 @@ class GRPOTrainer:
         )
         self.data_parallel = None
         if distributed.world_size() > 1:  # before the optimizer: FSDP2 replaces parameters
-            if optimizer is not None and getattr(distributed_config, "strategy", "") == "fsdp2":
+            fsdp2 = getattr(distributed_config, "strategy", "") == "fsdp2"
+            if isinstance(optimizer, torch.optim.Optimizer) and fsdp2:
                 raise ValueError(
                     "optimizer: FSDP2 shards the parameters, so an optimizer built before "
-                    "the trainer holds stale ones; pass optimizer=None"
+                    "the trainer holds stale ones; pass optimizer=None or a factory params -> optimizer"
                 )
             self.data_parallel = distributed.DataParallel(policy_model, distributed_config)
-        if optimizer is None:
+        if optimizer is None or callable(optimizer):
+            # built here, after any FSDP2 sharding replaced the parameters
             params = list(policy_model.get_parameters().values())
-            optimizer = torch.optim.Adam(params, lr=config.learning_rate)
+            build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
+            optimizer = build(params)
         self.optimizer = optimizer
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0  # completed train_step calls
@@ -293,17 +298,15 @@ class GRPOTrainer:
             self.reference_policy = self._make_reference()
 
     # ---------------------------------------------------------- checkpoints
-    def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
-        """Atomically save everything needed to resume this run bitwise-exactly.
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume this run bitwise-exactly: tensors and plain values only.
 
-        Data-parallel: call on every rank; rank 0 writes full (unsharded) weights and
-        optimizer state, which any number of processes can resume from.
+        Data-parallel: call on every rank (gathering FSDP2 shards is collective); the
+        full (unsharded) state is complete on rank 0.
         """
-        if best_loss is not None:
-            self.best_loss = float(best_loss)
         dp = self.data_parallel
         model_state = checkpoint.model_state if dp is None else dp.model_state
-        state = {
+        return {
             "format_version": checkpoint.FORMAT_VERSION,
             "policy": model_state(self.policy),
             "reference_policy": (
@@ -319,13 +322,9 @@ class GRPOTrainer:
             "config": self.config.to_dict(),
             "rng": checkpoint.rng_state(self.generator),
         }
-        if distributed.is_main_process():
-            checkpoint.atomic_save(state, path)
-        distributed.barrier()  # no rank reads or moves on before the file exists
 
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore a `save_checkpoint` file into this trainer; returns the raw state."""
-        state = checkpoint.load(path)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (on every rank, for any number of ranks)."""
         dp = self.data_parallel
         load_model_state = checkpoint.load_model_state if dp is None else dp.load_model_state
         load_model_state(self.policy, state["policy"])
@@ -342,6 +341,24 @@ class GRPOTrainer:
         self.best_loss = float(state.get("best_loss", math.inf))
         self.history = list(state.get("history", []))
         checkpoint.set_rng_state(state["rng"], self.generator)
+
+    def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
+        """Atomically save `state_dict()` to one file (seed 004 section 4.7).
+
+        Data-parallel: call on every rank; rank 0 writes full (unsharded) weights and
+        optimizer state, which any number of processes can resume from.
+        """
+        if best_loss is not None:
+            self.best_loss = float(best_loss)
+        state = self.state_dict()
+        if distributed.is_main_process():
+            checkpoint.atomic_save(state, path)
+        distributed.barrier()  # no rank reads or moves on before the file exists
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore a `save_checkpoint` file into this trainer; returns the raw state."""
+        state = checkpoint.load(path)
+        self.load_state_dict(state)
         return state
 
 

@@ -8,7 +8,7 @@ import datasets
 import pytest
 from tiny_models import load_tiny_causal_lm
 
-from grpo.data import PromptSampler, check_prompt_lengths, load_prompts
+from grpo.data import check_prompt_lengths, load_prompts
 from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
 from grpo.policies.sampling import GenerationSettings
 
@@ -79,17 +79,3 @@ def test_prompt_longer_than_context_names_the_row(tiny_lm_dir):
     with pytest.raises(ValueError, match="train row 2: state 0: prompt of 60 tokens"):
         check_prompt_lengths(rows, policy, name="train")
     check_prompt_lengths(rows[:2], policy)
-
-
-def test_sampler_covers_every_row_once_per_pass_and_is_seeded():
-    """Each pass of the sampler is a permutation of the rows; the same seed gives the same order."""
-    rows = [{"prompt": str(i)} for i in range(10)]
-    first = PromptSampler(rows, 4, seed=3)
-    batches = [next(first) for _ in range(5)]  # 20 rows = two full passes
-    drawn = [r["prompt"] for b in batches for r in b]
-    assert sorted(drawn[:10]) == sorted(drawn[10:]) == [str(i) for i in range(10)]
-    again = PromptSampler(rows, 4, seed=3)
-    assert [next(again) for _ in range(5)] == batches
-    assert [r["prompt"] for r in next(PromptSampler(rows, 3, shuffle=False))] == ["0", "1", "2"]
-    with pytest.raises(ValueError, match="batch_size: got 0"):
-        PromptSampler(rows, 0)

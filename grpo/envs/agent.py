@@ -147,6 +147,14 @@ class EpisodePolicy:
     def get_parameters(self) -> dict[str, Tensor]:
         return self.policy.get_parameters()
 
+    def sampling_state(self) -> Any:
+        sampling = getattr(self.policy, "sampling_state", None)
+        return sampling() if callable(sampling) else None
+
+    def load_sampling_state(self, state: Any) -> None:
+        if state is not None:
+            self.policy.load_sampling_state(state)
+
     def train(self) -> EpisodePolicy:
         self.policy.train()
         return self

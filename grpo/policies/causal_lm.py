@@ -150,6 +150,13 @@ class CausalLMPolicy:
     def load_state_dict(self, state: dict[str, Tensor]) -> Any:
         return self.model.load_state_dict(state)
 
+    def sampling_state(self) -> dict[str, int]:
+        """Where the sampling seeds have got to (for resuming a run bitwise)."""
+        return {"sampling_calls": self._sampling_calls}
+
+    def load_sampling_state(self, state: dict[str, int]) -> None:
+        self._sampling_calls = int(state["sampling_calls"])
+
     def encode_states(self, states: Sequence[Any]) -> list[list[int]]:
         """Prompt token ids of each state; raises if a prompt leaves no room to generate."""
         max_new = self.settings.generation.max_new_tokens

@@ -149,6 +149,14 @@ class MaskedFillPolicy:
         if frozen:
             model.eval().requires_grad_(False)
 
+    def sampling_state(self) -> dict[str, Tensor] | None:
+        """The sampling generator's state (None: sampling draws from the global RNG)."""
+        return None if self.generator is None else {"generator": self.generator.get_state()}
+
+    def load_sampling_state(self, state: dict[str, Tensor] | None) -> None:
+        if state is not None and self.generator is not None:
+            self.generator.set_state(state["generator"])
+
     # ----------------------------------------------------------------- inputs
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,185 @@
+"""The `grpo` command line (also `python -m grpo`).
+
+    grpo train CONFIG.yaml [--set a.b=c ...]     train; writes a run directory
+    grpo train --resume RUN_DIR                  continue a run from its last good checkpoint
+    grpo eval CONFIG.yaml [--model PATH]         held-out evaluation of a model
+    grpo sample CONFIG.yaml [--model PATH] [--prompt TEXT ...] [-n N]
+    grpo presets                                 the algorithm presets and their values
+    grpo workshop check [--part N]               check workshop functions (in a clone)
+
+A config is rejected before any model loads when a key is unknown, a value
+has the wrong type, or values contradict each other; the message names the
+key. `docs/config.md` lists every key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo", description="Group-Relative Policy Optimisation")
+    commands = parser.add_subparsers(dest="command", required=True)
+    set_help = "override a config key, e.g. --set grpo.kl_coeff=0.1 (repeatable)"
+
+    train = commands.add_parser("train", help="train a model; writes a run directory")
+    train.add_argument("config", nargs="?", help="YAML config (not needed with --resume)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+
+    evaluate = commands.add_parser("eval", help="evaluate a model on the task's held-out set")
+    evaluate.add_argument("config")
+    evaluate.add_argument("--model", help="model folder or run directory (default: model.path)")
+    evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+    sample = commands.add_parser("sample", help="print completions of a model")
+    sample.add_argument("config")
+    sample.add_argument("--model", help="model folder or run directory (default: model.path)")
+    sample.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    sample.add_argument(
+        "--num-prompts", type=int, default=3, help="held-out prompts if no --prompt"
+    )
+    sample.add_argument("-n", "--num-samples", type=int, default=4, help="completions per prompt")
+    sample.add_argument("--greedy", action="store_true", help="greedy decoding (one completion)")
+    sample.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+    commands.add_parser("presets", help="list the algorithm presets")
+    workshop = commands.add_parser("workshop", help="the GRPO workshop (see workshop/README.md)")
+    workshop.add_argument("args", nargs=argparse.REMAINDER, help="check [--part N] [--module M]")
+    return parser
+
+
+def _model_folder(path: str) -> str:
+    """A run directory means its final model."""
+    final = Path(path) / "final"
+    return str(final) if (final / "config.json").is_file() else path
+
+
+def _table(before: dict[str, float], after: dict[str, float], headline: Sequence[str]) -> str:
+    keys = [k for k in headline if k in after] + sorted(k for k in after if k not in headline)
+    width = max([len(k) for k in keys] + [24])
+    lines = [f"{'held-out evaluation':<{width}}  {'before':>9}  {'after':>9}  {'change':>9}"]
+    for key in keys:
+        b, a = before.get(key, float("nan")), after[key]
+        lines.append(f"{key:<{width}}  {b:9.4f}  {a:9.4f}  {a - b:+9.4f}")
+    return "\n".join(lines)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from grpo.cli.config_files import load_config
+    from grpo.cli.structured import ConfigError
+    from grpo.cli.train import train
+
+    if args.resume is not None:
+        if args.config is not None or args.set:
+            raise ConfigError(
+                "--resume continues a run with the config it started with "
+                f"({args.resume}/config.yaml); give no CONFIG and no --set"
+            )
+        config_path = Path(args.resume) / "config.yaml"
+        config = load_config(str(config_path), [f"run.dir={args.resume}"])
+    elif args.config is None:
+        raise ConfigError("train: give a CONFIG.yaml, or --resume RUN_DIR")
+    else:
+        config = load_config(args.config, args.set)
+    summary = train(config, resume=args.resume is not None)
+    if summary:
+        print(_table(summary["before"], summary["after"], summary["headline"]))
+        print(
+            f"{summary['steps']} steps; {summary['seconds']:.0f} s in this process; "
+            f"run directory {config.run.dir}"
+        )
+    return 0
+
+
+def _load_for_model(args: argparse.Namespace) -> Any:
+    from grpo.cli.config_files import load_config
+
+    overrides = list(args.set)
+    if args.model is not None:
+        overrides.append(f"model.path={_model_folder(args.model)}")
+    return load_config(args.config, overrides)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from grpo.cli.structured import ConfigError
+    from grpo.cli.tasks import build_task
+    from grpo.cli.train import seed_everything
+
+    config = _load_for_model(args)
+    seed_everything(config.seed, config.run.deterministic, config.run.threads)
+    parts = build_task(config)
+    if parts.evaluate is None:
+        raise ConfigError("task: this task has no held-out set to evaluate (task.eval_size: 0?)")
+    metrics, samples = parts.evaluate()
+    for key in list(parts.headline) + sorted(k for k in metrics if k not in parts.headline):
+        if key in metrics:
+            print(f"{key:<36} {metrics[key]:.4f}")
+    for sample in samples:
+        print(yaml.safe_dump(sample, sort_keys=False, allow_unicode=True).rstrip(), "\n")
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from grpo.cli.tasks import build_task
+    from grpo.cli.train import seed_everything
+
+    config = _load_for_model(args)
+    seed_everything(config.seed, config.run.deterministic, config.run.threads)
+    config.task.train_size = max(1, args.num_prompts)
+    parts = build_task(config)
+    states = [{"prompt": p} for p in args.prompt] or list(parts.train_states[: args.num_prompts])
+    n = 1 if args.greedy else args.num_samples
+    overrides = {"do_sample": False} if args.greedy else {}
+    groups = parts.policy.generate_actions(states, n, **overrides)
+    for state, group in zip(states, groups, strict=True):
+        prompt = state.get("prompt", state) if isinstance(state, dict) else state
+        print(f"prompt: {prompt!r}")
+        for action in group:
+            print(f"  -> {getattr(action, 'text', action)!r}")
+    return 0
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from grpo.cli.presets import PRESETS
+
+    for name, preset in PRESETS.items():
+        print(f"{name}: {preset.description}")
+        body = yaml.safe_dump(preset.values, sort_keys=False).rstrip()
+        print("  " + body.replace("\n", "\n  ") + "\n")
+    return 0
+
+
+def _workshop(args: argparse.Namespace) -> int:
+    from grpo.workshop import main as workshop_main
+
+    return workshop_main(args.args)
+
+
+COMMANDS = {
+    "train": _train,
+    "eval": _eval,
+    "sample": _sample,
+    "presets": _presets,
+    "workshop": _workshop,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `grpo` command; exit status 2 with a one-line message for a bad config."""
+    from grpo.cli.structured import ConfigError
+
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, FileExistsError) as err:
+        print(f"grpo {args.command}: error: {err}", file=sys.stderr)
+        return 2

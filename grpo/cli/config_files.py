@@ -1,0 +1,102 @@
+"""Reading a run's configuration: preset < YAML file < `--set key=value`, checked strictly.
+
+OmegaConf parses and merges (YAML, dotted overrides, `${...}` interpolation);
+`grpo.cli.structured.from_dict` then builds the dataclasses, so an unknown
+key, a wrong type or a value out of range is rejected with the dotted key
+named, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from grpo.cli.presets import PRESETS
+from grpo.cli.schema import TEXT_GRPO_DEFAULTS, RunConfig, check_combinations
+from grpo.cli.structured import ConfigError, from_dict, to_dict
+
+__all__ = ["BUILTIN_TASKS", "load_config", "merged_values", "resolved_yaml"]
+
+BUILTIN_TASKS = ("arithmetic", "chess", "guess_number", "prompts")
+
+
+def _read(path: str | os.PathLike[str]) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        values = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+    if not isinstance(OmegaConf.to_container(values), dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+    return values
+
+
+def _dotlist(overrides: Sequence[str]) -> Any:
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. grpo.kl_coeff=0.1")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"--set: {err}") from err
+
+
+def merged_values(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The plain nested dict of run defaults, preset, file and overrides, merged in that order."""
+    layers = [_read(path)] if path is not None else []
+    layers.append(_dotlist(overrides))
+    top = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=False)
+    preset = top.get("preset")
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"preset: got {preset!r}; allowed: {', '.join(PRESETS)}")
+        layers.insert(0, OmegaConf.create(PRESETS[preset].values))
+    layers.insert(0, OmegaConf.create({"grpo": dict(TEXT_GRPO_DEFAULTS)}))
+    try:
+        values = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"config: {err}") from err
+    _fill_constant_length(values)
+    return values
+
+
+def _fill_constant_length(values: dict[str, Any]) -> None:
+    """Dr. GRPO's denominator defaults to the longest completion the sampler may produce."""
+    grpo = values.get("grpo")
+    if isinstance(grpo, Mapping) and grpo.get("aggregation") == "constant_length":
+        generation = values.get("policy", {}).get("generation", {})
+        if grpo.get("max_completion_length") is None and isinstance(generation, Mapping):
+            grpo["max_completion_length"] = generation.get("max_new_tokens", 256)
+
+
+def load_config(path: str | None, overrides: Sequence[str] = ()) -> RunConfig:
+    """The checked `RunConfig` of a file plus overrides (run directory defaulted from the name)."""
+    config = from_dict(RunConfig, merged_values(path, overrides))
+    if config.run.dir is None:
+        stem = Path(path).stem if path is not None else "run"
+        config.run.dir = str(Path("runs") / stem)
+    name = config.task.name
+    if name not in BUILTIN_TASKS and ":" not in name:
+        raise ConfigError(
+            f"task.name: got {name!r}; allowed: {', '.join(BUILTIN_TASKS)} or "
+            "'module:function' / 'file.py:function' for your own task"
+        )
+    try:
+        check_combinations(config, builtin_task=name in BUILTIN_TASKS)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    return config
+
+
+def resolved_yaml(config: RunConfig) -> str:
+    """The full config, every default filled in, as YAML (what a run directory records)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True)

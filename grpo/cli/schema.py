@@ -1,0 +1,240 @@
+"""The configuration of a `grpo train` run: one YAML file mapped onto these dataclasses.
+
+A config file has one section per concern; every section and key is optional
+(the defaults below apply). `docs/config.md` lists every key with its default
+and meaning; it is generated from this module and the dataclasses it uses.
+
+    preset: grpo                # optional: an algorithm family's values (grpo presets)
+    model:     {path: grpo/assets/arith-tiny}
+    task:      {name: arithmetic, train_size: 8000, eval_size: 500}
+    prompts_per_step: 32
+    grpo:      {group_size: 8, batch_size: 256, ...}      # GRPOConfig
+    policy:    {generation: {max_new_tokens: 5}, ...}    # CausalLMSettings
+    schedule:  {num_steps: 500, learning_rate: 5.0e-4}   # ScheduleConfig
+    evaluation: {every: 100, modes: [greedy]}            # EvalConfig
+    run:       {dir: runs/demo, checkpoint_every: 50}
+    distributed: {strategy: ddp}                          # only under torchrun
+
+Checks that span sections (`check_combinations`) run before any model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo.config import GRPOConfig
+from grpo.distributed import DistributedConfig
+from grpo.lm_training import EvalConfig
+from grpo.loop import ScheduleConfig, check_int
+from grpo.policies.causal_lm import CausalLMSettings
+from grpo.policies.loading import DTYPES, LoraSettings
+
+__all__ = [
+    "ModelConfig",
+    "RewardSpec",
+    "RunConfig",
+    "RunSettings",
+    "TaskConfig",
+    "WandbSettings",
+    "TEXT_GRPO_DEFAULTS",
+    "check_combinations",
+    "default_grpo",
+]
+
+
+@dataclass
+class ModelConfig:
+    """The causal language model to train."""
+
+    path: str | None = None
+    """Local folder written by `save_pretrained` (config, weights, tokenizer); required by the
+    text tasks. Relative paths are relative to the working directory."""
+    dtype: str = "auto"
+    """Weights dtype: auto (as saved), float32, bfloat16 or float16."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available, else cpu)."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters (needs peft) instead of all weights; null = full fine-tuning."""
+    use_reference: bool = True
+    """False: never build a reference model (then grpo.kl_coeff must be 0)."""
+    save_merged: bool = False
+    """With LoRA, also save the adapter merged into the weights (final/merged)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype: got {self.dtype!r}; allowed: {', '.join(DTYPES)}")
+
+
+@dataclass
+class RewardSpec:
+    """One reward function of a `prompts` task, by import path."""
+
+    function: str = ""
+    """"package.module:function" or "path/to/file.py:function" following the reward contract
+    reward(prompts, completions, **columns) -> list[float | None]."""
+    weight: float = 1.0
+    """Its weight in the summed reward."""
+
+    def __post_init__(self) -> None:
+        if ":" not in self.function:
+            raise ValueError(
+                f"function: got {self.function!r}; allowed: 'module:function' or 'file.py:function'"
+            )
+
+
+@dataclass
+class TaskConfig:
+    """What the policy learns: a built-in task, your own prompts, or your own task factory."""
+
+    name: str = "arithmetic"
+    """arithmetic, chess or guess_number (built in); prompts (your JSONL files and reward
+    functions); or "module:function" / "file.py:function" returning a `grpo.cli.tasks.TaskParts`."""
+    train_size: int = 4000
+    """Training prompts (or games) drawn from a built-in task's train split."""
+    eval_size: int = 200
+    """Held-out prompts (or games) evaluated at the start, every evaluation.every steps and the end."""
+    seed: int = 0
+    """Seed of the built-in task's dataset draws (the held-out split never depends on it)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Task settings: ArithmeticConfig fields (arithmetic), ChessRewardConfig fields plus
+    min_plies/max_plies (chess), GuessNumberConfig fields plus max_turns (guess_number), or
+    anything a custom task factory reads."""
+    train_file: str | None = None
+    """prompts task: JSONL file of training rows {"prompt": ..., other columns}."""
+    eval_file: str | None = None
+    """prompts task: JSONL file of held-out rows; null = no evaluation."""
+    rewards: list[RewardSpec] = field(default_factory=list)
+    """prompts task: the reward functions and their weights."""
+    accuracy: str | None = None
+    """prompts task: optional "module:function" scoring 1 = correct (same contract as a reward)."""
+
+    def __post_init__(self) -> None:
+        check_int("task", "train_size", self.train_size)
+        check_int("task", "eval_size", self.eval_size, minimum=0)
+        check_int("task", "seed", self.seed, minimum=0)
+
+
+@dataclass
+class WandbSettings:
+    """Weights & Biases logging (needs the `tracking` extra)."""
+
+    project: str = "grpo"
+    """W&B project name."""
+    mode: str = "offline"
+    """offline (writes under the run directory, no account needed), online or disabled."""
+    name: str | None = None
+    """Run name; null = the run directory's name."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ValueError(
+                f"run.wandb.mode: got {self.mode!r}; allowed: offline, online, disabled"
+            )
+
+
+@dataclass
+class RunSettings:
+    """Where a run writes, how often it checkpoints, and what it logs."""
+
+    dir: str | None = None
+    """Run directory; null = runs/<config file name>. Must not hold another run (use --resume)."""
+    checkpoint_every: int = 50
+    """Checkpoint every this many steps (and always at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Most recent complete checkpoints kept; older ones are deleted."""
+    log_every: int = 10
+    """Plain progress lines every this many steps when output is not a terminal."""
+    tensorboard: bool = True
+    """Write TensorBoard events (when tensorboard is installed)."""
+    wandb: WandbSettings | None = None
+    """Log to Weights & Biases too; null = not."""
+    threads: int | None = None
+    """torch CPU threads; null = torch's default. Part of what makes a CPU run reproducible."""
+    deterministic: bool = True
+    """Seed every RNG and use deterministic algorithms (seed 001's set-up)."""
+    save_final: bool = True
+    """Save the trained model in Hugging Face format under final/."""
+
+    def __post_init__(self) -> None:
+        check_int("run", "checkpoint_every", self.checkpoint_every, minimum=0)
+        check_int("run", "keep_checkpoints", self.keep_checkpoints)
+        check_int("run", "log_every", self.log_every)
+        if self.threads is not None:
+            check_int("run", "threads", self.threads)
+
+
+TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "ref_update_frequency": 0, "entropy_coeff": 0.0}
+"""Where a run's `grpo` section departs from GRPOConfig's (seed 004's) defaults: one pass per
+generation, a fixed reference, no entropy bonus (the usual choices for language models)."""
+
+
+def default_grpo() -> GRPOConfig:
+    """GRPOConfig with `TEXT_GRPO_DEFAULTS`."""
+    return GRPOConfig(**TEXT_GRPO_DEFAULTS)
+
+
+@dataclass
+class RunConfig:
+    """A whole `grpo train` run."""
+
+    preset: str | None = None
+    """Start from an algorithm family's values (see `grpo presets`); the file's keys override them."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to train."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Prompts, rewards and evaluation."""
+    prompts_per_step: int = 8
+    """B: prompts per GRPO step; each gets grpo.group_size completions."""
+    seed: int = 0
+    """Seeds the prompt order and every RNG of the run."""
+    grpo: GRPOConfig = field(default_factory=default_grpo)
+    """The trainer: group size, mini-batches, epochs, loss variant, clipping, KL, advantages."""
+    policy: CausalLMSettings = field(default_factory=CausalLMSettings)
+    """Sampling and scoring of completions."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Optimizer and learning-rate schedule."""
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    run: RunSettings = field(default_factory=RunSettings)
+    """Run directory, checkpoints and logging."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Data-parallel settings, used under torchrun with more than one process."""
+
+    def __post_init__(self) -> None:
+        check_int("config", "prompts_per_step", self.prompts_per_step)
+        check_int("config", "seed", self.seed, minimum=0)
+
+
+def check_combinations(config: RunConfig, *, builtin_task: bool) -> None:
+    """Cross-section checks, before anything loads; each error names the key to change."""
+    g = config.grpo
+    if g.batch_size % g.group_size:
+        raise ValueError(
+            f"grpo.batch_size: got {g.batch_size}, not a multiple of grpo.group_size="
+            f"{g.group_size}; allowed: a multiple of the group size"
+        )
+    if g.kl_coeff > 0 and not config.model.use_reference:
+        raise ValueError(
+            f"grpo.kl_coeff: got {g.kl_coeff} with model.use_reference=false; allowed: 0 "
+            "without a reference model (or set model.use_reference: true)"
+        )
+    path = config.model.path
+    if builtin_task and path is None:
+        raise ValueError("model.path: got null; allowed: a folder with a saved causal LM")
+    if builtin_task and not Path(path).expanduser().is_dir():
+        raise ValueError(
+            f"model.path: {path!r} is not a folder; allowed: a local folder written by "
+            "save_pretrained (download hub models first, e.g. with `hf download`)"
+        )
+    task = config.task
+    if task.name == "prompts":
+        if task.train_file is None:
+            raise ValueError("task.train_file: got null; the prompts task needs a JSONL file")
+        for key in ("train_file", "eval_file"):
+            file = getattr(task, key)
+            if file is not None and not Path(file).expanduser().is_file():
+                raise ValueError(f"task.{key}: {file!r} is not a file")
+        if not task.rewards:
+            raise ValueError("task.rewards: got []; the prompts task needs a reward function")

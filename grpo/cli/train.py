@@ -1,0 +1,152 @@
+"""`grpo train`: build a run from its config, train with checkpoints, resume, finish.
+
+The order of a run, and why:
+1. Join torchrun's process group if there is one (only rank 0 writes files).
+2. Seed every RNG and switch on deterministic algorithms (seed 001's set-up),
+   so that a CPU run with a seed is reproducible bit for bit.
+3. Build the task (policy, reward, states, evaluation) and the loop.
+4. On `--resume`: load the newest intact checkpoint, drop log lines written
+   after it, and only then open the log files for appending.
+5. Train; after every `run.checkpoint_every` steps and at the end, checkpoint.
+6. Save the final model, the plot and the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo import distributed
+from grpo.cli.config_files import resolved_yaml
+from grpo.cli.rundir import RunDirectory, SamplesLogger
+from grpo.cli.schema import RunConfig
+from grpo.cli.structured import to_dict
+from grpo.cli.tasks import TaskParts, build_task
+from grpo.loop import StateSampler, TrainingLoop, make_optimizer
+from grpo.metrics import (
+    JsonlLogger,
+    MetricsLogger,
+    MultiLogger,
+    NullLogger,
+    ProgressLogger,
+    TensorBoardLogger,
+    WandbLogger,
+)
+from grpo.trainer import GRPOTrainer
+
+__all__ = ["build_loop", "seed_everything", "train"]
+
+
+def seed_everything(seed: int, deterministic: bool, threads: int | None) -> None:
+    """Python, NumPy and torch RNGs from `seed`; deterministic kernels; a fixed thread count."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def build_loop(config: RunConfig, sink: Any = None) -> tuple[TrainingLoop, TaskParts]:
+    """The task's parts and a `TrainingLoop` over them, as `config` describes."""
+    if distributed.world_size() > 1:  # each rank samples its own prompts with its own seed
+        generation = config.policy.generation
+        if generation.seed is not None:
+            generation.seed += 1000 * distributed.rank()
+    parts = build_task(config)
+    trainer = GRPOTrainer(
+        parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo, config.distributed
+    )
+    sampler = StateSampler(parts.train_states, config.prompts_per_step, seed=config.seed)
+    loop = TrainingLoop(
+        trainer,
+        sampler,
+        config.schedule,
+        evaluate=parts.evaluate,
+        eval_every=config.evaluation.every,
+        sink=sink,
+    )
+    return loop, parts
+
+
+def _sinks(config: RunConfig, run_dir: RunDirectory, start_step: int) -> MetricsLogger:
+    """Every sink the config asks for (rank 0 only; the others log nothing)."""
+    if not distributed.is_main_process():
+        return NullLogger()
+    sinks: list[Any] = [JsonlLogger(run_dir.metrics), SamplesLogger(run_dir.samples)]
+    if config.run.tensorboard:
+        with contextlib.suppress(ImportError):  # documented: only when tensorboard is installed
+            sinks.append(TensorBoardLogger(run_dir.tensorboard, purge_step=start_step + 1))
+    if config.run.wandb is not None:
+        w = config.run.wandb
+        sinks.append(
+            WandbLogger(
+                w.project, run_dir.path, mode=w.mode, name=w.name or run_dir.path.name,
+                config=to_dict(config),
+            )
+        )  # fmt: skip
+    steps = config.schedule.num_steps
+    sinks.append(ProgressLogger(steps, every=config.run.log_every, start_step=start_step))
+    return MultiLogger(sinks)
+
+
+def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Run (or continue) the training `config` describes; returns the summary."""
+    started = time.perf_counter()
+    distributed.init_from_env()
+    main = distributed.is_main_process()
+    run_dir = RunDirectory(config.run.dir)
+    if not resume and main:
+        run_dir.create(resolved_yaml(config))
+    distributed.barrier()
+    seed_everything(config.seed, config.run.deterministic, config.run.threads)
+    loop, parts = build_loop(config)
+    start_step = 0
+    if resume:
+        found = run_dir.latest_checkpoint()
+        if found is not None:
+            start_step, state = found
+            loop.load_state_dict(state)
+        if main:
+            run_dir.truncate_logs(start_step)
+    sink = _sinks(config, run_dir, start_step)  # opened after the logs were cut back
+    loop.sink = sink.log
+
+    def after_step(step: int) -> None:
+        every = config.run.checkpoint_every
+        if (every and step % every == 0) or loop.done:
+            state = loop.state_dict()  # collective under FSDP2: every rank takes part
+            if main:
+                run_dir.save_checkpoint(step, state, config.run.keep_checkpoints)
+            distributed.barrier()
+
+    try:
+        loop.train(after_step)
+    finally:
+        sink.close()
+    summary: dict[str, Any] = {}
+    if main:
+        if config.run.save_final and parts.save is not None:
+            parts.save(run_dir.final)
+        _plot(run_dir)
+        summary = run_dir.write_summary(
+            loop.evaluations, steps=loop.step, headline=list(parts.headline),
+            seconds=time.perf_counter() - started, resumed_from=start_step,
+        )  # fmt: skip
+    distributed.barrier()
+    return summary
+
+
+def _plot(run_dir: RunDirectory) -> None:
+    from grpo.plots import plot_run
+
+    with contextlib.suppress(ImportError):  # documented: the plot needs matplotlib
+        plot_run(run_dir.metrics, run_dir.plot)

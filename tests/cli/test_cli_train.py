@@ -1,0 +1,148 @@
+"""End-to-end tests of `grpo train`: the run directory, reproducibility, kill -9 and resume, presets.
+
+Runs go through a real subprocess (`python -m grpo train`) on the shipped demo
+model at a reduced size, so the console script's whole path is exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_MODEL = REPO / "grpo" / "assets" / "arith-tiny"
+TIMING = ("collection_time", "advantage_time")
+
+SMALL = f"""
+model: {{path: {DEMO_MODEL}, device: cpu}}
+task: {{name: arithmetic, train_size: 64, eval_size: 8}}
+prompts_per_step: 4
+seed: 3
+grpo: {{group_size: 4, batch_size: 8, num_epochs_per_update: 2, kl_coeff: 0.05}}
+policy: {{generation: {{max_new_tokens: 4}}, micro_batch_size: 16}}
+schedule: {{num_steps: 6, learning_rate: 1.0e-3, lr_scheduler: cosine, warmup_steps: 1}}
+evaluation: {{every: 3, modes: [greedy, sampled], batch_size: 8, num_logged_samples: 2}}
+run: {{checkpoint_every: 2, threads: 1, log_every: 1}}
+"""
+
+
+def grpo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+    return subprocess.run(
+        [sys.executable, "-m", "grpo", *args], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def config_file(tmp_path: Path, text: str = SMALL) -> str:
+    path = tmp_path / "small.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "final" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One complete small run with W&B offline, shared by the tests below."""
+    tmp = tmp_path_factory.mktemp("run")
+    run = tmp / "run"
+    out = grpo("train", config_file(tmp), "--set", f"run.dir={run}",
+               "--set", "run.wandb={mode: offline}")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run, out
+
+
+def test_a_run_writes_every_file_of_its_directory(finished_run):
+    """config, metrics, samples, TensorBoard, W&B, manifested checkpoints, HF model, plot, summary."""
+    run, out = finished_run
+    assert (run / "config.yaml").read_text().startswith("preset: null\nmodel:")
+    rows = metrics(run)
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows if "eval/greedy/accuracy" in r] == [0, 3, 6]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {0, 3, 6}
+    assert {"prompt", "completion", "reward", "mode"} <= set(samples[0])
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
+    assert (run / "checkpoints" / "step-000006" / "manifest.json").is_file()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(run / "final")
+    AutoTokenizer.from_pretrained(run / "final")
+    assert (run / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 6 and "eval/greedy/accuracy" in summary["after"]
+    assert "held-out evaluation" in out.stdout and "eval/greedy/accuracy" in out.stdout
+    assert "step 6/6" in out.stderr  # plain progress lines off a terminal
+
+
+def test_the_same_seed_writes_identical_metrics_and_weights(finished_run, tmp_path):
+    """A second run with the same config and seed repeats every metric and weight exactly (CPU)."""
+    run, _ = finished_run
+    again = tmp_path / "again"
+    out = grpo("train", config_file(tmp_path), "--set", f"run.dir={again}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert metrics(again) == metrics(run)
+    first, second = weights(run), weights(again)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_kill_9_then_resume_ends_at_the_uninterrupted_parameters(finished_run, tmp_path):
+    """SIGKILL after checkpoint 2, then --resume: the same final weights and logs as no kill."""
+    run, _ = finished_run
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, "-m", "grpo", "train", config_file(tmp_path), "--set",
+            f"run.dir={killed}", "--set", "schedule.num_steps=6"]  # fmt: skip
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (killed / "checkpoints" / "step-000002").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "run ended before step 2"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "final").exists()  # it really died mid-run
+    out = grpo("train", "--resume", str(killed))
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, resumed = weights(run), weights(killed)
+    assert all(torch.equal(first[k], resumed[k]) for k in first)
+    assert metrics(killed) == metrics(run)
+
+
+def test_resume_skips_a_truncated_checkpoint(finished_run, tmp_path):
+    """A corrupt newest checkpoint is named on resume, and the previous one is used instead."""
+    import shutil
+
+    run, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "final")
+    state = copy / "checkpoints" / "step-000006" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    out = grpo("train", "--resume", str(copy))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step-000006 is corrupt: state.pt has 1000 bytes" in out.stderr
+    assert json.loads((copy / "summary.json").read_text())["resumed_from"] == 4
+    resumed = weights(copy)
+    assert all(torch.equal(resumed[k], v) for k, v in weights(run).items())

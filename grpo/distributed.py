@@ -285,15 +285,23 @@ class DataParallel:
         return owned, owned - start, 1.0
 
     # ------------------------------------------------------------- training
-    def backward(self, compute: Callable[[], dict[str, Any]], weight: float, sync: bool):
+    def backward(
+        self,
+        compute: Callable[[], dict[str, Any]],
+        weight: float,
+        sync: bool,
+        scale: Callable[[Tensor], Tensor] = lambda loss: loss,
+    ):
         """Run `compute` (-> loss dict) through the wrapper and backpropagate weight·W·loss.
+
+        `scale` is applied last (a gradient scaler's factor, for fp16).
 
         DDP and FSDP2 average gradients over ranks; the factor W undoes that, so the
         summed shares give the single-process gradient. `sync` False accumulates locally.
         """
         with self._gradient_sync(sync):
             loss_dict = self._ddp(compute) if self._ddp is not None else compute()
-            (loss_dict["total_loss"] * (weight * self.world_size)).backward()
+            scale(loss_dict["total_loss"] * (weight * self.world_size)).backward()
         return loss_dict
 
     def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager:

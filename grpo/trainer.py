@@ -20,6 +20,9 @@ Departures from seed 004:
 - Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
   `grpo.distributed` shards the states, gathers rewards and wraps the policy in
   DDP or FSDP2, so that W processes compute what one process would.
+- Mixed precision (seed 002): with a `grad_scaler` (fp16 on a GPU) losses are
+  scaled before backward and gradients unscaled before clipping; an overflow
+  skips the step quietly while the scaler lowers its scale.
 """
 
 from __future__ import annotations
@@ -70,10 +73,12 @@ class GRPOTrainer:
         optimizer: torch.optim.Optimizer | Callable[[list[Tensor]], Any] | None = None,
         config: GRPOConfig | None = None,
         distributed_config: distributed.DistributedConfig | None = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         """`optimizer`: an optimizer over the policy's parameters, a factory params -> optimizer,
         or None (Adam at `config.learning_rate`). `distributed_config` applies only in a
-        process group of more than one rank."""
+        process group of more than one rank. `grad_scaler` (fp16 mixed precision, seed 002):
+        losses are scaled before backward, gradients unscaled before clipping."""
         validate_policy_model(policy_model)
         validate_reward_model(reward_model)
         config = GRPOConfig() if config is None else config
@@ -117,6 +122,7 @@ class GRPOTrainer:
             build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
             optimizer = build(params)
         self.optimizer = optimizer
+        self.grad_scaler = grad_scaler
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0  # completed train_step calls
         self.epoch_count = 0  # completed optimisation epochs, over all steps
@@ -196,23 +202,41 @@ class GRPOTrainer:
                 self.policy, self.reference_policy, mb.batch, mb.advantages, mb.global_counts
             )
 
+        scale = self._scale_loss
         if self.data_parallel is not None:  # gradients summed over ranks when `sync`
-            return self.data_parallel.backward(loss, weight * mb.scale, sync)
+            return self.data_parallel.backward(loss, weight * mb.scale, sync, scale)
         loss_dict = loss()
-        (loss_dict["total_loss"] * weight).backward()
+        scale(loss_dict["total_loss"] * weight).backward()
         return loss_dict
 
+    def _scale_loss(self, loss: Tensor) -> Tensor:
+        """The loss times the gradient scaler's factor (fp16 mixed precision), else itself."""
+        return loss if self.grad_scaler is None else self.grad_scaler.scale(loss)
+
     def _optimizer_step(self, loss_finite: bool, totals: dict[str, float]) -> None:
-        """Clip, then step, unless the loss or the pre-clip gradient norm is not finite."""
+        """Clip, then step, unless the loss or the pre-clip gradient norm is not finite.
+
+        With a gradient scaler the gradients are unscaled before clipping, and a
+        non-finite norm (an fp16 overflow) is the scaler's routine signal to lower
+        its scale: the step is skipped and counted without a warning.
+        """
         params = [p for p in self.policy.get_parameters().values() if p.requires_grad]
         max_norm = self.config.max_grad_norm
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
         grad_norm = distributed.scalar(
             torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
         )  # the norm *before* clipping, over every rank's gradients
         if loss_finite and math.isfinite(grad_norm):
-            self.optimizer.step()
+            if scaler is None:
+                self.optimizer.step()
+            else:
+                scaler.step(self.optimizer)  # unscaled already: steps with the true gradient
             totals["grad_norm_sum"] += grad_norm
             totals["optimizer_steps"] += 1
+        elif scaler is not None and loss_finite:
+            totals["skipped_steps"] += 1  # an overflow: the scaler lowers its scale below
         else:
             warnings.warn(
                 f"step {self.step_count}: skipped an optimizer step (loss finite: "
@@ -221,6 +245,8 @@ class GRPOTrainer:
                 stacklevel=3,
             )
             totals["skipped_steps"] += 1
+        if scaler is not None:
+            scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
     def _create_mini_batches(
@@ -321,6 +347,7 @@ class GRPOTrainer:
             "history": self.history,
             "config": self.config.to_dict(),
             "rng": checkpoint.rng_state(self.generator),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -341,6 +368,8 @@ class GRPOTrainer:
         self.best_loss = float(state.get("best_loss", math.inf))
         self.history = list(state.get("history", []))
         checkpoint.set_rng_state(state["rng"], self.generator)
+        if self.grad_scaler is not None and state.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
 
     def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
         """Atomically save `state_dict()` to one file (seed 004 section 4.7).

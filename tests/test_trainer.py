@@ -201,3 +201,43 @@ def test_bad_config_type_rejected():
     """config must be a GRPOConfig."""
     with pytest.raises(TypeError, match="config must be a GRPOConfig, got dict"):
         GRPOTrainer(TablePolicy(3, 3), best_arm_reward(3, 3), config={"group_size": 4})
+
+
+def _scaled_run(scaler, steps=3):
+    torch.manual_seed(0)
+    policy = SequencePolicy(num_states=3, vocab_size=4, max_length=3, seed=2)
+    config = GRPOConfig(group_size=4, batch_size=6, num_epochs_per_update=2, kl_coeff=0.05)
+    trainer = GRPOTrainer(policy, token_count_reward(1), config=config, grad_scaler=scaler)
+    history = [trainer.train_step([0, 1, 2]) for _ in range(steps)]
+    return policy, trainer, history
+
+
+def test_gradient_scaler_gives_the_unscaled_update_exactly():
+    """A power-of-two loss scale, unscaled before clipping, leaves every fp32 update bit-identical."""
+    plain, _, plain_history = _scaled_run(None)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    scaled, trainer, history = _scaled_run(scaler)
+    assert torch.equal(plain.logits, scaled.logits)
+    assert [h["grad_norm"] for h in history] == [h["grad_norm"] for h in plain_history]
+    assert trainer.state_dict()["grad_scaler"]["scale"] == 2.0**12
+
+
+def test_a_scaler_overflow_skips_quietly_and_lowers_the_scale():
+    """An inf gradient under a scaler: no update, no warning, the scale halves (fp16 routine)."""
+    torch.manual_seed(0)
+    policy = TablePolicy(3, 3)
+    start = policy.logits.detach().clone()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # x2^100 overflows fp32 grads...
+    trainer = GRPOTrainer(
+        policy, best_arm_reward(3, 3), config=GRPOConfig(group_size=3, batch_size=9,
+        num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0), grad_scaler=scaler,
+    )  # fmt: skip
+    policy.logits.register_hook(lambda g: g * 2.0**100)  # ...once pushed past fp32's range
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics = trainer.train_step([0, 1, 2])
+    assert metrics["skipped_steps"] == 1.0 and metrics["optimizer_steps"] == 0.0
+    assert torch.equal(policy.logits.detach(), start)
+    assert scaler.get_scale() == 2.0**99

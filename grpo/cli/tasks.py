@@ -48,6 +48,8 @@ class TaskParts:
     """Evaluation keys listed first in the before/after table."""
     save: Callable[[Path], Any] | None = None
     """Writes the trained model to a folder (Hugging Face format for causal LMs)."""
+    grad_scaler: Any = None
+    """A `torch.amp.GradScaler` for fp16 mixed precision; None = no loss scaling."""
 
 
 def resolve_device(device: str) -> str:
@@ -207,6 +209,7 @@ def import_object(spec: str, key: str) -> Any:
             sys.path.insert(0, str(path.parent))  # so the file can import its neighbours
             loaded = importlib.util.spec_from_file_location(f"grpo_user_{path.stem}", path)
             module = importlib.util.module_from_spec(loaded)
+            sys.modules[loaded.name] = module  # dataclasses look their module up while it runs
             loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)

@@ -63,8 +63,9 @@ def build_loop(config: RunConfig, sink: Any = None) -> tuple[TrainingLoop, TaskP
             generation.seed += 1000 * distributed.rank()
     parts = build_task(config)
     trainer = GRPOTrainer(
-        parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo, config.distributed
-    )
+        parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo,
+        config.distributed, grad_scaler=parts.grad_scaler,
+    )  # fmt: skip
     sampler = StateSampler(parts.train_states, config.prompts_per_step, seed=config.seed)
     loop = TrainingLoop(
         trainer,

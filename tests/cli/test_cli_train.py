@@ -146,3 +146,24 @@ def test_resume_skips_a_truncated_checkpoint(finished_run, tmp_path):
     assert json.loads((copy / "summary.json").read_text())["resumed_from"] == 4
     resumed = weights(copy)
     assert all(torch.equal(resumed[k], v) for k, v in weights(run).items())
+
+
+def test_every_logged_metric_is_documented(finished_run):
+    """Each key a run writes to metrics.jsonl is explained in docs/metrics.md."""
+    import re
+
+    run, _ = finished_run
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`([^`]+)`", doc))
+    keys = {
+        k for line in (run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)
+    }
+    missing = []
+    for key in sorted(keys - {"step"}):
+        general = re.sub(r"^epoch_\d+_", "epoch_{i}_", key)
+        general = re.sub(r"rewards/[^/]+/", "rewards/<fn>/", general)
+        general = re.sub(r"^eval/(greedy|sampled)/", "eval/<mode>/", general)
+        candidates = {key, general, re.sub(r"/[^/]+$", "/...", general)}
+        if not candidates & documented:
+            missing.append(key)
+    assert not missing, f"undocumented metrics: {missing}"

@@ -23,4 +23,9 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check grpo tests examples bench
+	$(VENV)/bin/ruff check grpo tests examples bench workshop scripts
+
+# The embedded demo: GRPO on two-number addition from the shipped warm start, on the CPU.
+# Each run writes a new run directory under runs/ and ends with a before/after table.
+demo: $(STAMP)
+	$(VENV)/bin/grpo train configs/demo.yaml --set run.dir=runs/demo-$$(date +%Y%m%d-%H%M%S)

@@ -25,7 +25,7 @@ from grpo import distributed
 from grpo.cli.config_files import resolved_yaml
 from grpo.cli.rundir import RunDirectory, SamplesLogger
 from grpo.cli.schema import RunConfig
-from grpo.cli.structured import to_dict
+from grpo.cli.structured import ConfigError, to_dict
 from grpo.cli.tasks import TaskParts, build_task
 from grpo.loop import StateSampler, TrainingLoop, make_optimizer
 from grpo.metrics import (
@@ -57,7 +57,13 @@ def seed_everything(seed: int, deterministic: bool, threads: int | None) -> None
 
 def build_loop(config: RunConfig, sink: Any = None) -> tuple[TrainingLoop, TaskParts]:
     """The task's parts and a `TrainingLoop` over them, as `config` describes."""
-    if distributed.world_size() > 1:  # each rank samples its own prompts with its own seed
+    world = distributed.world_size()
+    if config.prompts_per_step % world:
+        raise ConfigError(
+            f"prompts_per_step: got {config.prompts_per_step}, not divisible by the "
+            f"{world} processes; allowed: a multiple of the number of processes"
+        )
+    if world > 1:  # each rank samples its own prompts with its own seed
         generation = config.policy.generation
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()

@@ -167,3 +167,31 @@ def test_every_logged_metric_is_documented(finished_run):
         if not candidates & documented:
             missing.append(key)
     assert not missing, f"undocumented metrics: {missing}"
+
+
+def test_torchrun_two_processes_rank_0_writes_and_a_1_process_resume_continues(tmp_path):
+    """`torchrun --nproc-per-node 2 -m grpo train`: one run directory written by rank 0 only,
+    identical replicas at the end, and its checkpoint resumes in a single process."""
+    run = tmp_path / "ddp"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--standalone", "-m", "grpo", "train", config_file(tmp_path),
+            "--set", f"run.dir={run}", "--set", "schedule.num_steps=4",
+            "--set", "evaluation.every=0"]  # fmt: skip
+    out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = metrics(run)
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3, 4]  # one writer
+    assert all(r["total_samples"] == 16.0 for r in rows if "reward/mean" in r)  # global N
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    assert out.stdout.count("held-out evaluation") == 1
+    import shutil
+
+    copy = tmp_path / "resumed"  # the 2-process run as it stood at step 2, resumed in 1 process
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoints" / "step-000004")
+    shutil.rmtree(copy / "final")
+    resumed = grpo("train", "--resume", str(copy))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in metrics(copy) if "reward/mean" in r] == [1, 2, 3, 4]
+    assert json.loads((copy / "summary.json").read_text())["resumed_from"] == 2

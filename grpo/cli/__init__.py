@@ -64,7 +64,11 @@ def _model_folder(path: str) -> str:
 
 
 def _table(before: dict[str, float], after: dict[str, float], headline: Sequence[str]) -> str:
-    keys = [k for k in headline if k in after] + sorted(k for k in after if k not in headline)
+    """Before/after rows: the headline first, then the rest (per-function reward rows left to
+    metrics.jsonl)."""
+    rest = [k for k in after if k not in headline and k != "step"]
+    rest = sorted(k for k in rest if "/rewards/" not in k and "/reward/" not in k)
+    keys = [k for k in headline if k in after] + rest
     width = max([len(k) for k in keys] + [24])
     lines = [f"{'held-out evaluation':<{width}}  {'before':>9}  {'after':>9}  {'change':>9}"]
     for key in keys:

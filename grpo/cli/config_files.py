@@ -21,9 +21,18 @@ from grpo.cli.presets import PRESETS
 from grpo.cli.schema import TEXT_GRPO_DEFAULTS, RunConfig, check_combinations
 from grpo.cli.structured import ConfigError, from_dict, to_dict
 
-__all__ = ["BUILTIN_TASKS", "load_config", "merged_values", "resolved_yaml"]
+__all__ = ["BUILTIN_TASKS", "RUN_DEFAULTS", "load_config", "merged_values", "resolved_yaml"]
 
 BUILTIN_TASKS = ("arithmetic", "chess", "guess_number", "prompts")
+
+RUN_DEFAULTS = {
+    "seed": 0,
+    "grpo": {**TEXT_GRPO_DEFAULTS, "seed": "${seed}"},
+    "policy": {"generation": {"seed": "${seed}"}},
+}
+"""The lowest layer of every run's config: where it departs from the dataclasses' defaults
+(language-model choices for the trainer; one `seed` driving every RNG unless a section names
+its own)."""
 
 
 def _read(path: str | os.PathLike[str]) -> Any:
@@ -60,7 +69,7 @@ def merged_values(path: str | None, overrides: Sequence[str] = ()) -> dict[str, 
         if preset not in PRESETS:
             raise ConfigError(f"preset: got {preset!r}; allowed: {', '.join(PRESETS)}")
         layers.insert(0, OmegaConf.create(PRESETS[preset].values))
-    layers.insert(0, OmegaConf.create({"grpo": dict(TEXT_GRPO_DEFAULTS)}))
+    layers.insert(0, OmegaConf.create(RUN_DEFAULTS))
     try:
         values = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True)
     except OmegaConfBaseException as err:

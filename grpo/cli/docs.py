@@ -17,7 +17,8 @@ import typing
 from typing import Any
 
 from grpo.cli.presets import PRESETS
-from grpo.cli.schema import TEXT_GRPO_DEFAULTS, RunConfig
+from grpo.cli.config_files import RUN_DEFAULTS
+from grpo.cli.schema import RunConfig
 from grpo.cli.structured import to_dict
 
 __all__ = ["config_reference", "field_docs"]
@@ -105,7 +106,7 @@ def _rows(cls: type, defaults: Any, prefix: str) -> list[str]:
 def config_reference() -> str:
     """The whole of docs/config.md."""
     defaults = to_dict(RunConfig())
-    section_defaults = {"grpo": TEXT_GRPO_DEFAULTS}  # declared defaults elsewhere
+    section_defaults = RUN_DEFAULTS  # where a run departs from the declared defaults
     hints = typing.get_type_hints(RunConfig)
     docs = field_docs(RunConfig)
     parts = [HEADER, "## Top level\n", "| key | type | default | meaning |", "|---|---|---|---|"]

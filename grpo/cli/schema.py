@@ -188,7 +188,8 @@ class RunConfig:
     prompts_per_step: int = 8
     """B: prompts per GRPO step; each gets grpo.group_size completions."""
     seed: int = 0
-    """Seeds the prompt order and every RNG of the run."""
+    """Seeds the prompt order, the global RNGs, and (unless they are set) grpo.seed and
+    policy.generation.seed: one number makes a CPU run reproducible."""
     grpo: GRPOConfig = field(default_factory=default_grpo)
     """The trainer: group size, mini-batches, epochs, loss variant, clipping, KL, advantages."""
     policy: CausalLMSettings = field(default_factory=CausalLMSettings)

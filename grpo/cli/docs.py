@@ -16,8 +16,8 @@ import textwrap
 import typing
 from typing import Any
 
-from grpo.cli.presets import PRESETS
 from grpo.cli.config_files import RUN_DEFAULTS
+from grpo.cli.presets import PRESETS
 from grpo.cli.schema import RunConfig
 from grpo.cli.structured import to_dict
 

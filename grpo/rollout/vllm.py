@@ -31,11 +31,12 @@ Departures and choices:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -179,6 +180,7 @@ class VLLMEngine:
             del engine_params
             torch.cuda.empty_cache()  # vLLM's dummy weights are garbage from here on
         self.sync()
+        self._sleep()  # training may need the memory before the first rollout
 
     # ------------------------------------------------------------ rollouts
     def sample(
@@ -191,32 +193,30 @@ class VLLMEngine:
         """Sample new tokens for every row with the trainer's current weights."""
         from vllm import SamplingParams
 
-        self._wake()
-        try:
+        params = [
+            SamplingParams(**sampling_params_kwargs(settings, eos_ids, s))
+            for s in request_seeds(seed, len(prompt_rows))
+        ]
+        prompts = [{"prompt_token_ids": [int(t) for t in row]} for row in prompt_rows]
+        with self._woken():
             self.sync()  # the trainer may have stepped since the last rollout
-            params = [
-                SamplingParams(**sampling_params_kwargs(settings, eos_ids, s))
-                for s in request_seeds(seed, len(prompt_rows))
-            ]
-            prompts = [{"prompt_token_ids": [int(t) for t in row]} for row in prompt_rows]
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            self._sleep()
         return parse_outputs(outputs)
 
     def sync(self) -> None:
         """Give vLLM the trainer's current weights (a copy unless shared), then check."""
-        start = time.perf_counter()
-        weights = self.weights
-        if not self.shared:
-            weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
-            items = list(weights.items())
-            self._call(lambda m: m.load_weights(items))
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
-        if self.settings.check_weights:
-            self.check(weights)
-        torch.cuda.synchronize()
-        self.metrics = {"rollout/weight_sync_s": time.perf_counter() - start}
+        with self._woken():  # a copy must not land in memory vLLM has released
+            start = time.perf_counter()
+            weights = self.weights
+            if not self.shared:
+                weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
+                items = list(weights.items())
+                self._call(lambda m: m.load_weights(items))
+            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+            if self.settings.check_weights:
+                self.check(weights)
+            torch.cuda.synchronize()
+            self.metrics = {"rollout/weight_sync_s": time.perf_counter() - start}
 
     def check(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Raise RuntimeError unless vLLM computes with the trainer's weights right now."""
@@ -226,7 +226,8 @@ class VLLMEngine:
         else:
             weights = trainer_weights(self.model) if weights is None else weights
             rows = expected_rows(weights, self.mapping)
-            engine = self._call(lambda m: parameter_fingerprints(m, rows))
+            with self._woken():  # asleep, vLLM's own copy is not in GPU memory
+                engine = self._call(lambda m: parameter_fingerprints(m, rows))
             problems = copy_problems(engine, weights, self.mapping, self.dtype)
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -240,6 +241,17 @@ class VLLMEngine:
         if hasattr(self.llm, "apply_model"):
             return self.llm.apply_model(fn)[0]  # one result per worker; there is one worker
         return fn(self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model)
+
+    @contextlib.contextmanager
+    def _woken(self) -> Iterator[None]:
+        """Awake inside; asleep again afterwards if it was asleep before."""
+        was_asleep = not self._awake
+        self._wake()
+        try:
+            yield
+        finally:
+            if was_asleep:
+                self._sleep()
 
     def _wake(self) -> None:
         if not self._awake:

@@ -58,7 +58,8 @@ class VLLMSettings:
     memory; it is allocated again (wake up) before the next rollout."""
     check_weights: bool = True
     """After every sync, check that vLLM holds the trainer's weights: the same storage when
-    shared, equal fingerprints when copied. A failed check raises."""
+    shared, equal fingerprints when copied. A failed check raises. Checks match vLLM's
+    parameter names with the trainer's; only unchecked copies (load_weights) skip that."""
     tis_cap: float | None = None
     """Cap C of truncated importance sampling, w = min(π_trainer / π_vllm, C) per token on
     the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""

@@ -71,12 +71,15 @@ SLEEP_LEVEL = 1  # frees the KV cache; level 2 would also discard vLLM's own buf
 
 
 def require_vllm() -> None:
-    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, CUDA GPU)."""
+    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, GPU, one process)."""
     missing = []
     if importlib.util.find_spec("vllm") is None:
         missing.append("the vllm package (pip install 'grpo[vllm]')")
     if not torch.cuda.is_available():
         missing.append("a CUDA GPU (torch.cuda.is_available() is False)")
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        missing.append(f"a single process (this one is 1 of {dist.get_world_size()} ranks)")
     if missing:
         raise RuntimeError(
             f"rollout.engine='vllm' needs {' and '.join(missing)}; "
@@ -169,7 +172,7 @@ class VLLMEngine:
         self._awake = True
         engine_params = self._call(lambda m: dict(m.named_parameters(remove_duplicate=False)))
         self.weights = trainer_weights(model)
-        self.mapping = map_parameters(engine_params, self.weights)
+        self.mapping = _match_names(engine_params, self.weights, settings)
         lora = is_peft_model(model)
         problems = [] if lora else sharing_problems(engine_params, self.weights, self.mapping)
         self.shared = choose_sharing(settings.weight_sync, lora, problems)
@@ -262,6 +265,23 @@ class VLLMEngine:
         if self.settings.sleep_between_rollouts and self._awake:
             self.llm.sleep(level=SLEEP_LEVEL)
             self._awake = False
+
+
+def _match_names(
+    engine_params: dict[str, torch.Tensor],
+    weights: dict[str, torch.Tensor],
+    settings: VLLMSettings,
+) -> dict[str, tuple[str, ...]]:
+    """vLLM name -> trainer names; {} when nothing needs them (unchecked copies)."""
+    if settings.weight_sync == "load_weights" and not settings.check_weights:
+        return {}  # vLLM's load_weights maps checkpoint names itself
+    try:
+        return map_parameters(engine_params, weights)
+    except ValueError as error:
+        raise ValueError(
+            f"{error}. To copy weights without matching names (and without checks), set "
+            "vllm.weight_sync: load_weights and vllm.check_weights: false"
+        ) from error
 
 
 def _write_model_folder(model: nn.Module, tokenizer: Any, folder: str) -> None:

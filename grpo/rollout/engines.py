@@ -41,7 +41,8 @@ class Samples(NamedTuple):
 
 
 class RolloutEngine(Protocol):
-    """What `CausalLMPolicy` needs from an engine."""
+    """What `CausalLMPolicy` needs from an engine (which may also expose a `metrics` dict,
+    merged into the policy's rollout metrics after each rollout)."""
 
     tis_cap: float | None
     """Cap of truncated importance sampling on the loss; None = no correction."""

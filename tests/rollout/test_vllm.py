@@ -23,6 +23,7 @@ from grpo.policies.sampling import GenerationSettings
 from grpo.rewards.combine import TextReward
 from grpo.rollout import RolloutSettings, VLLMSettings
 from grpo.rollout.vllm import (
+    _match_names,
     _write_model_folder,
     parse_outputs,
     request_seeds,
@@ -100,6 +101,17 @@ def test_model_folder_holds_config_and_tokenizer(tiny_lm_dir, tmp_path):
         AutoTokenizer.from_pretrained(tmp_path)("say a")["input_ids"]
         == tokenizer("say a")["input_ids"]
     )
+
+
+def test_unmatched_names_say_how_to_copy_unchecked():
+    """A name vLLM has and the trainer lacks fails with the way out; unchecked copies need no names."""
+    engine = {"model.layers.0.mlp.fused_w13.weight": torch.zeros(2)}
+    trainer = {"model.layers.0.mlp.up_proj.weight": torch.zeros(1)}
+    with pytest.raises(ValueError, match="fused_w13.weight has no trainer counterpart") as info:
+        _match_names(engine, trainer, VLLMSettings())
+    assert "vllm.weight_sync: load_weights and vllm.check_weights: false" in str(info.value)
+    unchecked = VLLMSettings(weight_sync="load_weights", check_weights=False)
+    assert _match_names(engine, trainer, unchecked) == {}
 
 
 # ------------------------------------------------------------------ GPU

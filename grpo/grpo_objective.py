@@ -18,6 +18,10 @@ Departures from seed 004:
   regulariser without acting as one.
 - The reference policy is not evaluated at all when `kl_coeff == 0` or it is
   None.
+- A policy whose actions were sampled by a different engine than the one that
+  scores them may offer `rollout_importance_weights(actions, old_logprobs (N, T))
+  -> (N, T) | None`: per-token weights on the policy loss (truncated importance
+  sampling, `grpo.functional.importance`); None or no such method = all 1.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class GRPOObjective:
                 ref_logprobs = policy_logprobs(reference_policy, states, actions).logprobs
             ref_logprobs = ref_logprobs.to(device)  # (N, T)
         entropy = self._entropy(current)
+        weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
         loss, stats = policy_loss(
             current.logprobs,
             old_logprobs,
@@ -109,6 +114,7 @@ class GRPOObjective:
             entropy_coeff=self.entropy_coeff if entropy is not None else 0.0,
             max_completion_length=self.max_completion_length,
             global_counts=global_counts,
+            importance_weights=None if weights is None else weights.to(device),
         )
         return {
             "total_loss": loss,
@@ -146,6 +152,12 @@ def policy_logprobs(policy: Any, states: list[Any], actions: list[Any]) -> Token
         )
     logprobs = logprobs[:, None]  # (N, 1): the whole action is one "token"
     return TokenLogProbs(logprobs, torch.ones_like(logprobs, dtype=torch.bool), None)
+
+
+def _importance_weights(policy: Any, actions: list[Any], old_logprobs: Tensor) -> Tensor | None:
+    """The policy's per-token loss weights for these actions (N, T), or None for all 1."""
+    weigh = getattr(policy, "rollout_importance_weights", None)
+    return None if weigh is None else weigh(actions, old_logprobs)
 
 
 def _old_logprobs(batch: ExperienceBatch, current: TokenLogProbs) -> Tensor:

@@ -20,6 +20,11 @@ A loss is two choices, each a small function in a table:
 - "constant_length": Σ_it ℓ_it / (N · L_max)      (Dr. GRPO, Liu et al. 2025)
 - "sequence_sum":  mean_i [ Σ_t ℓ_it ]             (seeds 002 and 003)
 
+Optional `importance_weights` (N, T) multiply the per-token policy loss before
+aggregation, as constants: truncated importance sampling for a sampler that is
+not the trainer (`grpo.functional.importance`; Yao et al. 2025). The KL and
+entropy terms are not weighted.
+
 Departures: padded positions are replaced with zeros by `torch.where` before
 any arithmetic, so NaN or inf there cannot leak into the loss or a gradient;
 a sequence with no counted tokens contributes 0 (its denominator is clamped to
@@ -214,7 +219,9 @@ def aggregate(
     return fn(_masked(values, completion_mask), completion_mask, length)
 
 
-def _check_inputs(logprobs, old_logprobs, advantages, completion_mask, ref_logprobs, entropy):
+def _check_inputs(
+    logprobs, old_logprobs, advantages, completion_mask, ref_logprobs, entropy, importance_weights
+):
     check_tensor(logprobs, "logprobs")
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs: got shape {tuple(logprobs.shape)}; allowed: (N, T)")
@@ -230,6 +237,7 @@ def _check_inputs(logprobs, old_logprobs, advantages, completion_mask, ref_logpr
         ("old_logprobs", old_logprobs),
         ("ref_logprobs", ref_logprobs),
         ("entropy", entropy),
+        ("importance_weights", importance_weights),
     ):
         if value is not None:
             check_shape(value, name, shape, "logprobs")
@@ -288,6 +296,7 @@ def policy_loss(
     max_completion_length: int | None = None,
     cispo_clip_low: bool = False,
     global_counts: GlobalCounts | None = None,
+    importance_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy loss + β·KL - entropy_coeff·entropy, each aggregated the same way.
 
@@ -299,13 +308,24 @@ def policy_loss(
     `global_counts` (data-parallel training): these rows are one process's part of
     a batch of that many sequences and tokens; the loss terms are this part's
     shares (see `aggregate`), the statistics stay means over these rows.
+    `importance_weights` (N, T), detached, multiply the per-token policy loss
+    (None = all 1).
     Returns (loss (), stats): detached 0-dim tensors "loss/policy", "loss/kl",
     "loss/entropy" (they sum to the loss), "ratio/mean", "clip/low_frac",
     "clip/high_frac" (means over counted tokens), "kl/mean" (when ref_logprobs
     is given: the chosen estimator, mean over counted tokens) and
-    "entropy/mean" (when entropy is given).
+    "entropy/mean" (when entropy is given) and "importance_weight/mean" (when
+    importance_weights are given).
     """
-    _check_inputs(logprobs, old_logprobs, advantages, completion_mask, ref_logprobs, entropy)
+    _check_inputs(
+        logprobs,
+        old_logprobs,
+        advantages,
+        completion_mask,
+        ref_logprobs,
+        entropy,
+        importance_weights,
+    )
     loss_fn, clip = _check_options(
         loss_type, aggregation, kl_estimator, eps_low, eps_high, cispo_clip_low
     )
@@ -320,13 +340,19 @@ def policy_loss(
     old = logprobs.detach() if old_logprobs is None else _masked(old_logprobs.detach(), mask)
     token = loss_fn(logprobs, old, advantages.detach()[:, None], mask, clip)  # (N, T) each
 
+    token_loss = token.loss  # (N, T)
+    if importance_weights is not None:  # constants: a weight, never a path for gradient
+        token_loss = token_loss * _masked(importance_weights.detach(), mask)
+
     zero = logprobs.new_zeros(())
-    policy_term = total(token.loss)
+    policy_term = total(token_loss)
     stats = {
         "ratio/mean": _masked_mean(token.ratio, mask),
         "clip/low_frac": _masked_mean(token.clipped_low.to(logprobs.dtype), mask),
         "clip/high_frac": _masked_mean(token.clipped_high.to(logprobs.dtype), mask),
     }
+    if importance_weights is not None:
+        stats["importance_weight/mean"] = _masked_mean(importance_weights.detach(), mask)
     kl_term = zero
     if ref_logprobs is not None:
         kl = kl_estimate(logprobs, _masked(ref_logprobs.detach(), mask), kl_estimator)  # (N, T)

@@ -13,6 +13,12 @@ Choices:
   ratio π/π_old is noise even before any update.
 - The reference policy (`make_reference`) is a frozen deep copy, or, for a
   PEFT model, a view running the same model with its adapters disabled.
+- Sampling goes through a rollout engine (`grpo.rollout`): the model's own
+  `generate` by default, or vLLM computing with the same weights. Either way
+  the sampled ids are cut into completions here, so masks do not depend on the
+  engine. With vLLM, the gap between its log-probs and the trainer's is a
+  rollout metric, and `rollout_importance_weights` gives the loss truncated
+  importance weights when `vllm.tis_cap` is set.
 """
 
 from __future__ import annotations
@@ -40,11 +46,12 @@ from grpo.policies.sampling import (
     GenerationSettings,
     encode_prompt,
     get_prompt,
-    sample_token_ids,
     split_completion,
 )
 from grpo.policies.scoring import score_completions
 from grpo.protocols import TokenLogProbs
+from grpo.rollout import RolloutSettings, make_rollout_engine
+from grpo.rollout.mismatch import gap_metrics, importance_weights
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings"]
 
@@ -82,8 +89,13 @@ class CausalLMPolicy:
     """Samples `Completion`s from a causal LM and scores their tokens (PolicyModel + TokenLevelPolicy)."""
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, settings: CausalLMSettings | None = None
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        settings: CausalLMSettings | None = None,
+        rollout: RolloutSettings | None = None,
     ) -> None:
+        """`rollout` chooses the sampling engine; None = the model's own `generate`."""
         self.model = model
         self.tokenizer = tokenizer
         self.settings = CausalLMSettings() if settings is None else settings
@@ -102,6 +114,12 @@ class CausalLMPolicy:
             _enable_checkpointing(model)
             if is_peft_model(model):
                 model.enable_input_require_grads()
+        self.rollout = RolloutSettings() if rollout is None else rollout
+        if not isinstance(self.rollout, RolloutSettings):
+            raise TypeError(
+                f"rollout: got {type(rollout).__name__}; allowed: RolloutSettings or None"
+            )
+        self.rollout_engine = make_rollout_engine(self.rollout, model, tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -112,12 +130,13 @@ class CausalLMPolicy:
         lora: LoraSettings | None = None,
         dtype: str = "auto",
         device: str | torch.device | None = None,
+        rollout: RolloutSettings | None = None,
     ) -> CausalLMPolicy:
         """Load model and tokenizer from a folder (or hub id), optionally wrapped with LoRA."""
         model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
         if lora is not None:
             model = apply_lora(model, lora)
-        return cls(model, tokenizer, settings)
+        return cls(model, tokenizer, settings, rollout)
 
     # ----------------------------------------------------------- PolicyModel
     @property
@@ -192,23 +211,24 @@ class CausalLMPolicy:
         rows = [ids for ids in prompt_rows for _ in range(G)]  # (N,) groups contiguous
         seed = None if settings.seed is None else settings.seed + self._sampling_calls
         self._sampling_calls += 1
-        was_training = self.model.training
-        self.model.eval()  # seed 001: no dropout noise in the behaviour policy
-        try:
-            with torch.no_grad():
-                new_ids = sample_token_ids(
-                    self.model, self.tokenizer, rows, settings, self.eos_token_ids, seed
-                )
-        finally:
-            self.model.train(was_training)
+        samples = self.rollout_engine.sample(rows, settings, self.eos_token_ids, seed)
+        engine_logprobs = samples.logprobs or [None] * len(rows)
         completions = [
-            self._completion(p, ids, settings) for p, ids in zip(rows, new_ids, strict=True)
+            self._completion(p, ids, settings, lps)
+            for p, ids, lps in zip(rows, samples.token_ids, engine_logprobs, strict=True)
         ]
-        self.rollout_metrics = _generation_metrics(completions)
+        self.rollout_metrics = {
+            **_generation_metrics(completions),
+            **getattr(self.rollout_engine, "metrics", {}),
+        }
         return [completions[i * G : (i + 1) * G] for i in range(len(states))]
 
     def _completion(
-        self, prompt_ids: list[int], new_ids: list[int], settings: GenerationSettings
+        self,
+        prompt_ids: list[int],
+        new_ids: list[int],
+        settings: GenerationSettings,
+        engine_logprobs: list[float] | None = None,
     ) -> Completion:
         ids, by_eos, stopped = split_completion(
             new_ids, set(self.eos_token_ids), settings.stop_strings, self.tokenizer
@@ -219,6 +239,7 @@ class CausalLMPolicy:
             prompt_ids=prompt_ids,
             truncated=not (by_eos or stopped) and len(ids) >= settings.max_new_tokens,
             finished_by_eos=by_eos,
+            engine_logprobs=None if engine_logprobs is None else engine_logprobs[: len(ids)],
         )
 
     def get_log_probabilities(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:
@@ -229,8 +250,24 @@ class CausalLMPolicy:
     def get_token_log_probabilities(
         self, states: Sequence[Any], actions: Sequence[Completion]
     ) -> TokenLogProbs:
-        """Per-token log-probs (N, T), completion mask (N, T) and optional entropy (N, T)."""
-        return score_completions(self, self.model, states, actions, record_metrics=True)
+        """Per-token log-probs (N, T), completion mask (N, T) and optional entropy (N, T).
+
+        Without gradient (the rollout's old log-probs), actions sampled by another
+        engine also get the gap between its log-probs and these in `rollout_metrics`.
+        """
+        out = score_completions(self, self.model, states, actions, record_metrics=True)
+        if not torch.is_grad_enabled():
+            tis_cap = self.rollout_engine.tis_cap
+            self.rollout_metrics.update(
+                gap_metrics(actions, out.logprobs, out.completion_mask, tis_cap)
+            )
+        return out
+
+    def rollout_importance_weights(
+        self, actions: Sequence[Completion], old_logprobs: Tensor
+    ) -> Tensor | None:
+        """Truncated importance weights (N, T) for the loss, or None (no cap, or no engine log-probs)."""
+        return importance_weights(actions, old_logprobs, self.rollout_engine.tis_cap)
 
     # ---------------------------------------------------------- reference
     def make_reference(self) -> Any:

@@ -8,6 +8,7 @@ whitespace, special tokens).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["Completion"]
@@ -27,6 +28,9 @@ class Completion:
     """True when max_new_tokens ran out before an EOS or a stop string."""
     finished_by_eos: bool
     """True when the completion ends with the tokenizer's EOS token."""
+    engine_logprobs: tuple[float, ...] | None = None
+    """Log-prob of each completion token under the engine that sampled it, when that engine
+    is not the trainer's model (vLLM); None for the transformers engine."""
 
     def __post_init__(self) -> None:
         # tuples make the record hashable and immutable; accept any int sequence
@@ -34,6 +38,16 @@ class Completion:
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
         if not self.prompt_ids:
             raise ValueError("prompt_ids: got an empty prompt; allowed: at least one token")
+        if self.engine_logprobs is not None:
+            logprobs = tuple(float(x) for x in self.engine_logprobs)
+            object.__setattr__(self, "engine_logprobs", logprobs)
+            if len(logprobs) != len(self.completion_ids):
+                raise ValueError(
+                    f"engine_logprobs: got {len(logprobs)} values for {len(self.completion_ids)} "
+                    "completion tokens; allowed: one log-prob per token, or None"
+                )
+            if not all(map(math.isfinite, logprobs)):
+                raise ValueError(f"engine_logprobs: got {logprobs}; allowed: finite numbers")
 
     @property
     def num_tokens(self) -> int:

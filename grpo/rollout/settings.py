@@ -1,0 +1,147 @@
+"""Settings of the rollout engines: which engine samples completions, and how vLLM runs.
+
+`RolloutSettings` is the `rollout:` section of a run's configuration; the
+engines themselves are in `grpo.rollout.engines` (transformers) and
+`grpo.rollout.vllm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ENGINE_NAMES", "VLLM_DTYPES", "WEIGHT_SYNCS", "RolloutSettings", "VLLMSettings"]
+
+ENGINE_NAMES = ("transformers", "vllm")
+WEIGHT_SYNCS = ("auto", "shared", "load_weights")
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+# LLM(...) arguments the engine sets itself: zero-copy sharing depends on them
+FIXED_LLM_ARGS = (
+    "model",
+    "tokenizer",
+    "dtype",
+    "seed",
+    "distributed_executor_backend",
+    "model_impl",
+    "load_format",
+    "enforce_eager",
+    "enable_sleep_mode",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "logprobs_mode",
+    "tensor_parallel_size",
+    "enable_lora",
+)
+
+
+@dataclass
+class VLLMSettings:
+    """How the vLLM engine runs beside the trainer on one GPU (see docs/vllm.md)."""
+
+    gpu_memory_utilization: float = 0.3
+    """Fraction of the GPU's memory vLLM may use for its buffers and KV cache, in (0, 1).
+    The trainer's model, gradients and optimizer state must fit in the rest."""
+    max_model_len: int | None = None
+    """Longest prompt + completion vLLM plans its KV cache for; None = the model's context."""
+    dtype: str = "auto"
+    """vLLM's weight dtype; "auto" = the trainer's. Another dtype rules out sharing weights."""
+    weight_sync: str = "auto"
+    """How vLLM gets the trainer's weights: "shared" (vLLM's parameters are the trainer's
+    tensors, no copy), "load_weights" (copied before every rollout), or "auto" (shared when
+    possible, else copied)."""
+    sleep_between_rollouts: bool = True
+    """Free vLLM's KV cache after each rollout (sleep level 1), so training can use the
+    memory; it is allocated again (wake up) before the next rollout."""
+    check_weights: bool = True
+    """After every sync, check that vLLM holds the trainer's weights: the same storage when
+    shared, equal fingerprints when copied. A failed check raises. Checks match vLLM's
+    parameter names with the trainer's; only unchecked copies (load_weights) skip that."""
+    tis_cap: float | None = None
+    """Cap C of truncated importance sampling, w = min(π_trainer / π_vllm, C) per token on
+    the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Further `vllm.LLM(...)` arguments (e.g. max_num_seqs); the ones the engine sets
+    itself for weight sharing are not allowed here."""
+
+    def __post_init__(self) -> None:
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u < 1:
+            raise ValueError(f"vllm.gpu_memory_utilization: got {u!r}; allowed: a number in (0, 1)")
+        n = self.max_model_len
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"vllm.max_model_len: got {n!r}; allowed: None or an integer >= 1")
+        _check_choice("dtype", self.dtype, VLLM_DTYPES)
+        _check_choice("weight_sync", self.weight_sync, WEIGHT_SYNCS)
+        for name in ("sleep_between_rollouts", "check_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"vllm.{name}: got {getattr(self, name)!r}; allowed: true or false"
+                )
+        cap = self.tis_cap
+        if cap is not None and (
+            isinstance(cap, bool)
+            or not isinstance(cap, (int, float))
+            or not math.isfinite(cap)
+            or cap < 1
+        ):
+            raise ValueError(f"vllm.tis_cap: got {cap!r}; allowed: None or a finite number >= 1")
+        if not isinstance(self.engine_kwargs, Mapping):
+            raise ValueError(
+                f"vllm.engine_kwargs: got {type(self.engine_kwargs).__name__}; allowed: a mapping"
+            )
+        self.engine_kwargs = dict(self.engine_kwargs)
+        fixed = sorted(set(self.engine_kwargs) & set(FIXED_LLM_ARGS))
+        if fixed:
+            raise ValueError(
+                f"vllm.engine_kwargs: got {', '.join(fixed)}, which the engine sets itself; "
+                f"allowed: any LLM argument except {', '.join(FIXED_LLM_ARGS)}"
+            )
+
+
+@dataclass
+class RolloutSettings:
+    """Which engine samples the policy's completions."""
+
+    engine: str = "transformers"
+    """"transformers" (the trainer's model samples with `generate`) or "vllm" (an in-process
+    vLLM engine sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU)."""
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
+    """Settings of the vLLM engine (used when engine is "vllm")."""
+
+    def __post_init__(self) -> None:
+        _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")
+        if not isinstance(self.vllm, VLLMSettings):
+            raise TypeError(
+                f"rollout.vllm: got {type(self.vllm).__name__}; allowed: VLLMSettings "
+                "(use RolloutSettings.from_dict for a mapping)"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RolloutSettings:
+        """Build from a mapping (e.g. a YAML `rollout:` section); unknown keys are an error."""
+        values = dict(values)
+        _check_keys("rollout", values, cls)
+        vllm = values.pop("vllm", {})
+        if isinstance(vllm, Mapping):
+            _check_keys("rollout.vllm", vllm, VLLMSettings)
+            vllm = VLLMSettings(**vllm)
+        return cls(vllm=vllm, **values)
+
+
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...], owner: str = "vllm") -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name}: got {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _check_keys(owner: str, values: Mapping[str, Any], kind: type) -> None:
+    known = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"{owner}: got unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(sorted(known))}"
+        )

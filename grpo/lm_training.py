@@ -47,6 +47,7 @@ from grpo.loop import (
 from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
 from grpo.policies.loading import LoraSettings, is_peft_model
 from grpo.rewards.combine import TextReward
+from grpo.rollout import RolloutSettings
 from grpo.trainer import GRPOTrainer
 
 __all__ = ["EvalConfig", "ScheduleConfig", "TextGRPOConfig", "TextGRPOTrainer", "SCHEDULERS"]
@@ -100,6 +101,8 @@ class TextGRPOConfig:
     """Held-out evaluation."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of all weights (needs peft); None = full fine-tuning."""
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    """Sampling engine: the model's own generate, or vLLM sharing its weights (one GPU)."""
     model_path: str | None = None
     """Folder (or hub id) to load when no policy object is given."""
     dtype: str = "auto"
@@ -177,7 +180,7 @@ class TextGRPOTrainer:
         if c.model_path is None:
             raise ValueError("config.model_path: got None; give a model folder or pass policy=")
         return CausalLMPolicy.from_pretrained(
-            c.model_path, c.policy, lora=c.lora, dtype=c.dtype, device=c.device
+            c.model_path, c.policy, lora=c.lora, dtype=c.dtype, device=c.device, rollout=c.rollout
         )
 
     # the loop's state, under the names this class has always had

@@ -12,6 +12,7 @@ and meaning; it is generated from this module and the dataclasses it uses.
     policy:    {generation: {max_new_tokens: 5}, ...}    # CausalLMSettings
     schedule:  {num_steps: 500, learning_rate: 5.0e-4}   # ScheduleConfig
     evaluation: {every: 100, modes: [greedy]}            # EvalConfig
+    rollout:   {engine: transformers}                     # or vllm (one GPU)
     run:       {dir: runs/demo, checkpoint_every: 50}
     distributed: {strategy: ddp}                          # only under torchrun
 
@@ -30,6 +31,7 @@ from grpo.lm_training import EvalConfig
 from grpo.loop import ScheduleConfig, check_int
 from grpo.policies.causal_lm import CausalLMSettings
 from grpo.policies.loading import DTYPES, LoraSettings
+from grpo.rollout import RolloutSettings
 
 __all__ = [
     "ModelConfig",
@@ -198,6 +200,8 @@ class RunConfig:
     """Optimizer and learning-rate schedule."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    """Which engine samples completions: transformers generate, or vLLM sharing the weights."""
     run: RunSettings = field(default_factory=RunSettings)
     """Run directory, checkpoints and logging."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)

@@ -120,7 +120,10 @@ def from_dict(cls: type, data: Mapping[str, Any], path: str = "") -> Any:
         return cls(**kwargs)
     except (ValueError, TypeError) as err:
         message = str(err)
-        if path and not message.startswith(path):
+        last = path.rsplit(".", 1)[-1]
+        if path and message.startswith(f"{last}.") and path != last:
+            message = path + message[len(last) :]  # "vllm.x: ..." -> "rollout.vllm.x: ..."
+        elif path and not message.startswith(path):
             message = f"{path}: {message}"
         raise ConfigError(message) from err
 

@@ -67,8 +67,9 @@ def load_policy(config: RunConfig) -> Any:
 
     m = config.model
     return CausalLMPolicy.from_pretrained(
-        m.path, config.policy, lora=m.lora, dtype=m.dtype, device=resolve_device(m.device)
-    )
+        m.path, config.policy, lora=m.lora, dtype=m.dtype, device=resolve_device(m.device),
+        rollout=config.rollout,
+    )  # fmt: skip
 
 
 def _options(kind: type, options: dict[str, Any], extra: Sequence[str] = ()) -> tuple[Any, dict]:

@@ -8,8 +8,8 @@ participant's functions patched in before the tests are collected; each part
 reports "passed", "not written yet: <function>" or the first invariant that
 does not hold, in the words of that test's one-line docstring.
 
-    python -m grpo.workshop check --part 1                 # your workshop/stubs
-    python -m grpo.workshop check --module workshop.solutions
+    grpo workshop check --part 1                 # your workshop/stubs
+    grpo workshop check --module workshop.solutions
 
 The tests live in the repository's `tests/` folder next to the `grpo` package,
 so the checker runs from a clone of the repository, not from an installed wheel.

@@ -10,12 +10,19 @@ model writes. The listing task of seed 001 builds on these in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from grpo.rewards.parsers import completion_text
 
-__all__ = ["MoveCheck", "board_from_fen", "check_moves", "legal_moves", "legal_move_reward"]
+__all__ = [
+    "MoveCheck",
+    "board_from_fen",
+    "check_moves",
+    "legal_move_reward",
+    "legal_moves",
+    "score_by_position",
+]
 
 
 def _chess() -> Any:
@@ -71,15 +78,24 @@ def check_moves(fen: str, moves: Iterable[str]) -> MoveCheck:
     return MoveCheck(tuple(legal), tuple(illegal), repeated, len(allowed))
 
 
-def legal_move_reward(
-    prompts: Sequence[Any], completions: Sequence[Any], fen: Sequence[str], **_: Any
+def score_by_position(
+    completions: Sequence[Any], fen: Sequence[str], score: Callable[[str, str], float]
 ) -> list[float]:
-    """1.0 where the stripped completion is one legal UCI move for the row's `fen`, else 0.0."""
+    """`score(fen, text)` of each completion with its row's position; the lengths must match."""
     if len(completions) != len(fen):
         raise ValueError(
             f"completions and fen must have the same length, got {len(completions)} and {len(fen)}"
         )
     return [
-        1.0 if completion_text(c, i).strip() in legal_moves(position) else 0.0
+        score(position, completion_text(c, i))
         for i, (c, position) in enumerate(zip(completions, fen, strict=True))
     ]
+
+
+def legal_move_reward(
+    prompts: Sequence[Any], completions: Sequence[Any], fen: Sequence[str], **_: Any
+) -> list[float]:
+    """1.0 where the stripped completion is one legal UCI move for the row's `fen`, else 0.0."""
+    return score_by_position(
+        completions, fen, lambda position, text: float(text.strip() in legal_moves(position))
+    )

@@ -18,10 +18,11 @@ standard library; `greedy_completions` imports torch when it is called.
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
     "ArithmeticConfig",
@@ -38,7 +39,6 @@ __all__ = [
 
 OPERATORS = ("+", "-", "*")
 SPLITS = ("train", "held_out")
-_HASH_BUCKETS = 10_000
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,7 @@ def evaluate_expression(prompt: str) -> int:
 
 def problem_split(prompt: str, held_out_fraction: float = 0.1) -> str:
     """``"held_out"`` or ``"train"``: a stable hash of the prompt text decides, not a seed."""
-    bucket = zlib.crc32(prompt.encode("utf-8")) % _HASH_BUCKETS
-    return "held_out" if bucket < held_out_fraction * _HASH_BUCKETS else "train"
+    return hash_split(prompt, held_out_fraction)
 
 
 def _draw_prompt(rng: random.Random, config: ArithmeticConfig) -> str:
@@ -136,24 +135,17 @@ def generate_dataset(
     if not isinstance(num_problems, int) or num_problems < 0:
         raise ValueError(f"num_problems must be a non-negative integer, got {num_problems!r}")
     rng = random.Random(f"arithmetic/{split}/{seed}")  # str seeds hash stably across runs
-    rows: list[dict[str, str]] = []
-    seen: set[str] = set()
-    attempts, max_attempts = 0, 50 * num_problems + 1000
-    while len(rows) < num_problems:
-        attempts += 1
-        if attempts > max_attempts:
-            raise ValueError(
-                f"num_problems={num_problems} distinct {split!r} problems could not be drawn "
-                f"(found {len(rows)}); raise max_digits or num_operands, or pass unique=False"
-            )
-        prompt = _draw_prompt(rng, config)
-        if problem_split(prompt, config.held_out_fraction) != split:
-            continue
-        if unique and prompt in seen:
-            continue
-        seen.add(prompt)
-        rows.append({"prompt": prompt, "answer": str(evaluate_expression(prompt))})
-    return rows
+    prompts = draw_distinct(
+        num_problems,
+        lambda: _draw_prompt(rng, config),
+        lambda prompt: problem_split(prompt, config.held_out_fraction) == split,
+        unique=unique,
+        shortfall=lambda found: (
+            f"num_problems={num_problems} distinct {split!r} problems could not be drawn "
+            f"(found {found}); raise max_digits or num_operands, or pass unique=False"
+        ),
+    )
+    return [{"prompt": p, "answer": str(evaluate_expression(p))} for p in prompts]
 
 
 def _parse(completion: Any, index: int) -> str:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import random
 import re
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.rewards.chess import board_from_fen, check_moves
-from grpo.rewards.parsers import completion_text
+from grpo.rewards.chess import board_from_fen, check_moves, score_by_position
+from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
     "ChessRewardConfig",
@@ -50,7 +49,6 @@ START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
 PROMPT_TEMPLATE = "FEN: {fen}\n"
 SPLITS = ("train", "held_out")
 _MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
-_HASH_BUCKETS = 10_000
 
 
 @dataclass(frozen=True)
@@ -94,14 +92,9 @@ def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[f
     def chess_moves(
         prompts: Sequence[Any], completions: Sequence[Any], fen: Sequence[str], **_: Any
     ) -> list[float]:
-        if len(completions) != len(fen):
-            raise ValueError(
-                f"completions and fen must have the same length, got {len(completions)} and {len(fen)}"
-            )
-        return [
-            score_completion(position, completion_text(c, i), config)
-            for i, (c, position) in enumerate(zip(completions, fen, strict=True))
-        ]
+        return score_by_position(
+            completions, fen, lambda position, text: score_completion(position, text, config)
+        )
 
     return chess_moves
 
@@ -111,8 +104,7 @@ reward = make_reward()
 
 def position_split(fen: str, held_out_fraction: float = 0.1) -> str:
     """``"held_out"`` or ``"train"``: a stable hash of the FEN decides, not a seed."""
-    bucket = zlib.crc32(fen.encode("utf-8")) % _HASH_BUCKETS
-    return "held_out" if bucket < held_out_fraction * _HASH_BUCKETS else "train"
+    return hash_split(fen, held_out_fraction)
 
 
 def _random_position(rng: random.Random, plies: int) -> str | None:
@@ -146,20 +138,17 @@ def generate_dataset(
     if not 0 <= min_plies <= max_plies:
         raise ValueError(f"need 0 <= min_plies <= max_plies, got {min_plies} and {max_plies}")
     rng = random.Random(f"chess/{split}/{seed}")  # str seeds hash stably across runs
-    rows: list[dict[str, str]] = []
-    seen: set[str] = set()
-    attempts, max_attempts = 0, 50 * num_positions + 1000
-    while len(rows) < num_positions:
-        attempts += 1
-        if attempts > max_attempts:
-            raise ValueError(
-                f"num_positions={num_positions} distinct {split!r} positions could not be drawn "
-                f"(found {len(rows)}); widen [min_plies, max_plies]"
-            )
-        fen = _random_position(rng, rng.randint(min_plies, max_plies))
-        if fen is None or fen in seen or position_split(fen, held_out_fraction) != split:
-            continue
-        seen.add(fen)
+    fens = draw_distinct(
+        num_positions,
+        lambda: _random_position(rng, rng.randint(min_plies, max_plies)),
+        lambda fen: position_split(fen, held_out_fraction) == split,
+        shortfall=lambda found: (
+            f"num_positions={num_positions} distinct {split!r} positions could not be drawn "
+            f"(found {found}); widen [min_plies, max_plies]"
+        ),
+    )
+    rows = []
+    for fen in fens:
         moves = sorted(move.uci() for move in board_from_fen(fen).legal_moves)
         rows.append(
             {"prompt": PROMPT_TEMPLATE.format(fen=fen), "fen": fen, "legal_moves": " ".join(moves)}

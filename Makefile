@@ -1,4 +1,4 @@
-# Two commands: `make test` runs the suite, `make demo` runs the embedded demo.
+# `make test` runs the suite, `make demo` runs the embedded demo, `make bench` the CPU benchmark.
 # Each sets itself up on a fresh machine: a .venv, torch first, then the package.
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +9,7 @@ EXTRAS ?= dev
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: test demo lint setup
+.PHONY: test demo lint setup bench
 
 setup: $(STAMP)
 
@@ -29,3 +29,8 @@ lint: $(STAMP)
 # Each run writes a new run directory under runs/ and ends with a before/after table.
 demo: $(STAMP)
 	$(VENV)/bin/grpo train configs/demo.yaml --set run.dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+# grpo against TRL's GRPOTrainer and the bare model compute, then the scaling table (docs/performance.md).
+bench: $(STAMP)
+	$(PY) bench/grpo_vs_trl.py
+	$(PY) bench/scaling.py

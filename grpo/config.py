@@ -78,6 +78,13 @@ class GRPOConfig:
     """Adam learning rate, used only when the trainer builds its own optimizer."""
     seed: int = 0
     """Seeds the trainer's mini-batch shuffling generator (saved in checkpoints)."""
+    skip_redundant_old_logprobs: bool = True
+    """Skip the no-grad pass that records log π_old when it cannot differ from the current
+    log-probs: one optimizer step per rollout (num_epochs_per_update 1 and batch_size *
+    gradient_accumulation_steps >= N), one process, and a policy whose sampler is its own
+    scorer (`sampler_is_scorer`). π_old is then the detached current log-probs: ratio 1, the
+    same gradient, one forward pass fewer; the rollout's no-grad metrics (entropy/rollout_mean)
+    are then not recorded. False always runs the pass."""
 
     def __post_init__(self) -> None:
         if self.advantage_scale is None:
@@ -93,6 +100,11 @@ class GRPOConfig:
         _check_int(self, "ref_update_frequency", minimum=0)
         _check_int(self, "gradient_accumulation_steps", minimum=1)
         _check_int(self, "seed", minimum=0)
+        if not isinstance(self.skip_redundant_old_logprobs, bool):
+            raise ValueError(
+                "skip_redundant_old_logprobs must be True or False, "
+                f"got {self.skip_redundant_old_logprobs!r}"
+            )
         for name in ("clip_epsilon", "kl_coeff", "entropy_coeff", "learning_rate"):
             _check_number(self, name, minimum=0.0, inclusive=name != "learning_rate")
         _check_number(self, "advantage_epsilon", minimum=0.0, inclusive=True)

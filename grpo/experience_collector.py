@@ -12,6 +12,10 @@ Departures from seed 004:
   `completion_mask`); `log_prob_old_groups` then holds their masked sums.
 - No reusable internal buffers: the flattened lists are locals, freed on return.
 - Non-finite rewards are rejected with the offending sample named.
+- `record_old_logprobs=False` skips the scoring pass: the batch then has
+  `log_prob_old_groups=None` and the loss takes π_old as the detached current
+  log-probs. `GRPOTrainer` asks for this only when the two cannot differ (one
+  optimizer step on the rollout, sampled by the policy's own scorer).
 """
 
 from __future__ import annotations
@@ -38,8 +42,14 @@ class ExperienceCollector:
         self.reward_model = reward_model
         self.group_size = group_size
 
-    def collect_experiences(self, states: Sequence[Any]) -> ExperienceBatch:
-        """Roll out and score: (B,) states -> ExperienceBatch with (B, G) groups."""
+    def collect_experiences(
+        self, states: Sequence[Any], *, record_old_logprobs: bool = True
+    ) -> ExperienceBatch:
+        """Roll out and score: (B,) states -> ExperienceBatch with (B, G) groups.
+
+        `record_old_logprobs=False`: no scoring pass; `log_prob_old_groups`,
+        `old_token_logprobs` and `completion_mask` are None (see the module docstring).
+        """
         if isinstance(states, (str, bytes)):
             raise TypeError(
                 f"states must be a list of states, got a single {type(states).__name__}"
@@ -58,7 +68,11 @@ class ExperienceCollector:
                 action_groups = _check_groups(action_groups, B, G)
                 flat_states = [s for s in states for _ in range(G)]  # (N,)
                 flat_actions = [a for group in action_groups for a in group]  # (N,)
-                seq_logprobs, token_logprobs, mask = self._old_logprobs(flat_states, flat_actions)
+                seq_logprobs, token_logprobs, mask = None, None, None
+                if record_old_logprobs:
+                    seq_logprobs, token_logprobs, mask = self._old_logprobs(
+                        flat_states, flat_actions
+                    )
                 rewards = self.reward_model.compute_rewards(flat_states, flat_actions)
                 rewards = _check_rewards(rewards, B, G)  # (N,)
         finally:
@@ -68,7 +82,7 @@ class ExperienceCollector:
             states=states,
             action_groups=action_groups,
             reward_groups=rewards.view(B, G).tolist(),
-            log_prob_old_groups=seq_logprobs.view(B, G).tolist(),
+            log_prob_old_groups=None if seq_logprobs is None else seq_logprobs.view(B, G).tolist(),
             old_token_logprobs=token_logprobs,
             completion_mask=mask,
         )

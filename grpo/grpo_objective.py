@@ -18,6 +18,9 @@ Departures from seed 004:
   regulariser without acting as one.
 - The reference policy is not evaluated at all when `kl_coeff == 0` or it is
   None.
+- A batch without recorded old log-probs (`log_prob_old_groups` None, see
+  `ExperienceCollector`) is on-policy: π_old is the detached current
+  log-probs, so the ratio is exactly 1 and the gradient is that of ratio 1.
 - A policy whose actions were sampled by a different engine than the one that
   scores them may offer `rollout_importance_weights(actions, old_logprobs (N, T))
   -> (N, T) | None`: per-token weights on the policy loss (truncated importance
@@ -90,14 +93,17 @@ class GRPOObjective:
             )
         current = policy_logprobs(current_policy, states, actions)
         device = current.logprobs.device
-        old_logprobs = _old_logprobs(experience_batch, current).to(device)  # (N, T)
+        old_logprobs = _old_logprobs(experience_batch, current)  # (N, T), None = on-policy
+        old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
         ref_logprobs = None
         if self.kl_coeff > 0 and reference_policy is not None:
             with torch.no_grad():
                 ref_logprobs = policy_logprobs(reference_policy, states, actions).logprobs
             ref_logprobs = ref_logprobs.to(device)  # (N, T)
         entropy = self._entropy(current)
-        weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
+        weights = None  # on-policy: sampled by the scorer itself, nothing to correct
+        if old_logprobs is not None:
+            weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
         loss, stats = policy_loss(
             current.logprobs,
             old_logprobs,
@@ -160,8 +166,10 @@ def _importance_weights(policy: Any, actions: list[Any], old_logprobs: Tensor) -
     return None if weigh is None else weigh(actions, old_logprobs)
 
 
-def _old_logprobs(batch: ExperienceBatch, current: TokenLogProbs) -> Tensor:
-    """log π_old per token, matching the current log-probs' (N, T)."""
+def _old_logprobs(batch: ExperienceBatch, current: TokenLogProbs) -> Tensor | None:
+    """log π_old per token, matching the current log-probs' (N, T); None when not recorded."""
+    if batch.log_prob_old_groups is None:
+        return None  # on-policy: policy_loss takes the detached current log-probs
     if batch.old_token_logprobs is None:
         if current.logprobs.shape[1] != 1:
             raise ValueError(

@@ -23,7 +23,9 @@ class ExperienceBatch(NamedTuple):
     states: list[Any]  # (B,)
     action_groups: list[list[Any]]  # (B, G)
     reward_groups: list[list[float]]  # (B, G)
-    log_prob_old_groups: list[list[float]]  # (B, G), summed over tokens for token policies
+    # (B, G), summed over tokens for token policies; None = not recorded: the loss takes
+    # the detached current log-probs as π_old (on-policy, ratio 1)
+    log_prob_old_groups: list[list[float]] | None
     old_token_logprobs: Tensor | None = None  # (N, T) for token-level policies, else None
     completion_mask: Tensor | None = None  # (N, T) bool, True = counted by the loss
 

@@ -20,6 +20,9 @@ Departures from seed 004:
 - Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
   `grpo.distributed` shards the states, gathers rewards and wraps the policy in
   DDP or FSDP2, so that W processes compute what one process would.
+- The no-grad pass that records log π_old is skipped when it cannot differ
+  from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
+  the loss then uses the detached current log-probs, ratio 1, same gradient.
 - Mixed precision (seed 002): with a `grad_scaler` (fp16 on a GPU) losses are
   scaled before backward and gradients unscaled before clipping; an overflow
   skips the step quietly while the scaler lowers its scale.
@@ -33,7 +36,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,6 +47,7 @@ from grpo.config import GRPOConfig
 from grpo.experience_collector import ExperienceCollector
 from grpo.functional.losses import GlobalCounts
 from grpo.grpo_objective import GRPOObjective
+from grpo.minibatch import MiniBatch, accumulate, select_samples
 from grpo.protocols import validate_policy_model, validate_reward_model
 from grpo.records import ExperienceBatch
 
@@ -51,16 +55,6 @@ __all__ = ["GRPOTrainer"]
 
 # loss-dict entries averaged per epoch, reported as epoch_{i}_{name}
 EPOCH_KEYS = ("policy_loss", "kl_penalty", "entropy_bonus", "total_loss")
-
-
-class MiniBatch(NamedTuple):
-    """The samples of one mini-batch that this process trains on."""
-
-    batch: ExperienceBatch  # singleton groups, one per sample
-    advantages: Tensor  # (n,)
-    num_samples: int  # size of the whole mini-batch (over every rank)
-    global_counts: GlobalCounts | None  # its sequences and tokens; None in one process
-    scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none (distributed)
 
 
 class GRPOTrainer:
@@ -136,7 +130,8 @@ class GRPOTrainer:
         start = time.perf_counter()
         dp = self.data_parallel
         batch = self.experience_collector.collect_experiences(
-            states if dp is None else dp.shard_states(states)
+            states if dp is None else dp.shard_states(states),
+            record_old_logprobs=not self._old_pass_redundant(len(states)),
         )
         collected = time.perf_counter()
         rewards = batch if dp is None else dp.global_rewards(batch)  # every rank's rewards
@@ -160,6 +155,22 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
+    def _old_pass_redundant(self, num_states: int) -> bool:
+        """True when log π_old would equal the first gradient pass's detached log-probs."""
+        config = self.config
+        N = num_states * config.group_size
+        one_update = (
+            config.num_epochs_per_update == 1
+            and config.batch_size * config.gradient_accumulation_steps >= N
+        )
+        # one process only: data parallelism counts tokens from the recorded completion mask
+        return (
+            config.skip_redundant_old_logprobs
+            and one_update
+            and self.data_parallel is None
+            and getattr(self.policy, "sampler_is_scorer", False) is True
+        )
+
     def _run_epoch(
         self, batch: ExperienceBatch, advantages: Tensor, totals: dict[str, float]
     ) -> dict[str, float]:
@@ -178,7 +189,7 @@ class GRPOTrainer:
                 loss_dict = self._backward(mb, weight, sync=k == len(window) - 1)
                 finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
                 if self.data_parallel is None:
-                    _accumulate(epoch_sums, loss_dict, mb.num_samples)
+                    accumulate(epoch_sums, loss_dict, mb.num_samples)
                 elif mb.scale:
                     distributed.accumulate_metrics(
                         epoch_sums, loss_dict, len(mb.advantages), mb.num_samples
@@ -264,11 +275,11 @@ class GRPOTrainer:
         for start in range(0, N, self.config.batch_size):
             idx = order[start : start + self.config.batch_size]  # (n,) global sample ids
             if dp is None:
-                yield MiniBatch(_select(batch, idx), advantages[idx], len(idx), None)
+                yield MiniBatch(select_samples(batch, idx), advantages[idx], len(idx), None)
                 continue
             owned, rows, scale = dp.own(idx)
             counts = GlobalCounts(len(idx), int(tokens[idx].sum()))
-            yield MiniBatch(_select(batch, rows), advantages[owned], len(idx), counts, scale)
+            yield MiniBatch(select_samples(batch, rows), advantages[owned], len(idx), counts, scale)
 
     # -------------------------------------------------------------- metrics
     def _rollout_metrics(
@@ -389,34 +400,3 @@ class GRPOTrainer:
         state = checkpoint.load(path)
         self.load_state_dict(state)
         return state
-
-
-def _select(batch: ExperienceBatch, idx: Tensor) -> ExperienceBatch:
-    """Samples idx (n,) of `batch` as a batch of n singleton groups."""
-    G = batch.group_size
-    rows = idx.tolist()
-    flat_actions = batch.flat_actions()
-    flat_old = [lp for group in batch.log_prob_old_groups for lp in group]
-    return ExperienceBatch(
-        states=[batch.states[n // G] for n in rows],
-        action_groups=[[flat_actions[n]] for n in rows],
-        reward_groups=[[batch.reward_groups[n // G][n % G]] for n in rows],
-        log_prob_old_groups=[[flat_old[n]] for n in rows],
-        old_token_logprobs=_rows(batch.old_token_logprobs, idx),
-        completion_mask=_rows(batch.completion_mask, idx),
-    )
-
-
-def _rows(tensor: Tensor | None, idx: Tensor) -> Tensor | None:
-    return None if tensor is None else tensor[idx.to(tensor.device)]
-
-
-def _accumulate(sums: dict[str, float], loss_dict: dict[str, Any], weight: int) -> None:
-    """Add weight * value for every scalar entry of a loss dict."""
-    for key, value in loss_dict.items():
-        if isinstance(value, Tensor):
-            if value.numel() != 1:
-                continue
-            value = value.item()
-        if isinstance(value, (int, float)):
-            sums[key] += weight * float(value)

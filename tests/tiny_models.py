@@ -206,3 +206,15 @@ def supervised_warm_start(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def spans(mask):
+    """Contiguous runs of True in a 0/1 or bool sequence, as (start, end) pairs."""
+    runs, start = [], None
+    for i, flag in enumerate([*mask, False]):
+        if flag and start is None:
+            start = i
+        if not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs

@@ -344,7 +344,6 @@ def policy_loss(
     if importance_weights is not None:  # constants: a weight, never a path for gradient
         token_loss = token_loss * _masked(importance_weights.detach(), mask)
 
-    zero = logprobs.new_zeros(())
     policy_term = total(token_loss)
     stats = {
         "ratio/mean": _masked_mean(token.ratio, mask),
@@ -353,16 +352,35 @@ def policy_loss(
     }
     if importance_weights is not None:
         stats["importance_weight/mean"] = _masked_mean(importance_weights.detach(), mask)
-    kl_term = zero
+    kl_term, entropy_term = _regularizers(
+        logprobs, mask, total, stats, ref_logprobs, beta, kl_estimator, entropy, entropy_coeff
+    )
+    stats.update({"loss/policy": policy_term, "loss/kl": kl_term, "loss/entropy": entropy_term})
+    loss = policy_term + kl_term + entropy_term
+    return loss, {key: value.detach() for key, value in stats.items()}
+
+
+def _regularizers(
+    logprobs: Tensor,
+    mask: Tensor,
+    total: Callable[[Tensor], Tensor],
+    stats: dict[str, Tensor],
+    ref_logprobs: Tensor | None,
+    beta: float,
+    kl_estimator: str,
+    entropy: Tensor | None,
+    entropy_coeff: float,
+) -> tuple[Tensor, Tensor]:
+    """(β·KL term, -entropy_coeff·entropy term), each aggregated by `total`; adds their
+    means over counted tokens to `stats` whenever the inputs are given."""
+    zero = logprobs.new_zeros(())
+    kl_term = entropy_term = zero
     if ref_logprobs is not None:
         kl = kl_estimate(logprobs, _masked(ref_logprobs.detach(), mask), kl_estimator)  # (N, T)
         stats["kl/mean"] = _masked_mean(kl, mask)
         kl_term = beta * total(kl) if beta > 0 else zero
-    entropy_term = zero
     if entropy is not None:
         entropy = _masked(entropy, mask)  # (N, T)
         stats["entropy/mean"] = _masked_mean(entropy, mask)
         entropy_term = -entropy_coeff * total(entropy) if entropy_coeff > 0 else zero
-    stats.update({"loss/policy": policy_term, "loss/kl": kl_term, "loss/entropy": entropy_term})
-    loss = policy_term + kl_term + entropy_term
-    return loss, {key: value.detach() for key, value in stats.items()}
+    return kl_term, entropy_term

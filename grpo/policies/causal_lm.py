@@ -70,6 +70,11 @@ class CausalLMSettings:
     """Give completions that hit max_new_tokens without EOS an all-False mask."""
     compute_entropy: bool = True
     """Also return the per-token entropy (for an entropy bonus, and the entropy metric)."""
+    chunked_output_layer: bool = False
+    """Score from the last hidden states and the output layer in row chunks, so no (n, T, V)
+    logits tensor exists (for large vocabularies; backward recomputes each chunk's logits).
+    Needs a plain linear output layer (no LoRA on it) and logits without soft-capping or
+    scaling, checked on first use; not with FSDP2."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True
@@ -262,6 +267,13 @@ class CausalLMPolicy:
                 gap_metrics(actions, out.logprobs, out.completion_mask, tis_cap)
             )
         return out
+
+    @property
+    def sampler_is_scorer(self) -> bool:
+        """True when sampling and scoring are the same distribution: the trainer's own model
+        samples, and no dropout makes a training-mode pass differ from the eval-mode rollout."""
+        same_model = getattr(self.rollout_engine, "samples_with_scorer", False) is True
+        return same_model and self.settings.disable_dropout
 
     def rollout_importance_weights(
         self, actions: Sequence[Completion], old_logprobs: Tensor

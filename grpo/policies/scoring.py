@@ -14,6 +14,11 @@ Choices:
   max_new_tokens without finishing (DAPO's overlong filtering, Yu et al. 2025).
 - Only the last T + 1 logits are computed (`logits_to_keep`) where the model
   supports it, and rows go through in micro-batches, to bound memory.
+- With `chunked_output_layer` the model's body runs alone and its output layer
+  is folded into the log-softmax (`grpo.functional.output_layer`), chunk by
+  chunk, so no (n, T, V) logits exist: for large vocabularies. That the
+  model's logits are exactly its output layer applied to its last hidden
+  states (no soft-capping or scaling) is checked on the first micro-batch.
 
 `policy` is a `CausalLMPolicy` (its tokenizer, settings, EOS ids); `model` is
 the network to run, which for a LoRA reference is the same PEFT model with its
@@ -30,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grpo.functional.logprobs import completion_logprobs, entropy_from_logits
+from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
 from grpo.policies.completion import Completion
 from grpo.policies.sampling import left_pad
 from grpo.protocols import TokenLogProbs
@@ -91,25 +97,88 @@ def _score_micro_batch(
     attention_mask = torch.cat([prompt_mask, present], 1).to(device)  # (n, P+T)
     # positions count real tokens only, so left padding does not shift them
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (n, P+T)
-    keep = {"logits_to_keep": T + 1} if policy._keeps_logits else {}
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **keep,
-    ).logits  # (n, T+1, V) or (n, P+T, V)
-    temperature = policy.settings.generation.temperature
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
     completion_ids = completion_ids.to(device)
-    logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
+    score = _score_folded if policy.settings.chunked_output_layer else _score_logits
+    logprobs, entropy = score(policy, model, inputs, completion_ids)  # (n, T) each
     mask = _completion_mask(actions, completion_ids, present.to(device), policy)  # (n, T)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
+    if entropy is not None:
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
+    return logprobs, mask, entropy
+
+
+def _score_logits(
+    policy: Any, model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) from the model's own logits of the last T + 1 positions."""
+    T = completion_ids.shape[1]
+    keep = {"logits_to_keep": T + 1} if policy._keeps_logits else {}
+    logits = model(**inputs, use_cache=False, **keep).logits  # (n, T+1, V) or (n, P+T, V)
+    temperature = policy.settings.generation.temperature
+    logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
     entropy = None
     if policy.settings.compute_entropy:
         scoring = logits[:, logits.shape[1] - T - 1 : -1]  # (n, T, V) same shift as the log-probs
         entropy = entropy_from_logits(scoring, temperature)
-        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
-    return logprobs, mask, entropy
+    return logprobs, entropy
+
+
+def _score_folded(
+    policy: Any, model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) from the last hidden states and the output layer, in row
+    chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor is ever made."""
+    T = completion_ids.shape[1]
+    body, head = _body_and_head(model)
+    hidden = body(**inputs, use_cache=False).last_hidden_state  # (n, P+T, H)
+    if not getattr(policy, "_output_layer_checked", False):
+        _check_folding(model, inputs, hidden, head)
+        policy._output_layer_checked = True
+    scoring = hidden[:, hidden.shape[1] - T - 1 : -1]  # (n, T, H) position t scores token t+1
+    temperature = policy.settings.generation.temperature
+    folded = {"bias": head.bias, "temperature": temperature}
+    logprobs = output_layer_logprobs(scoring, head.weight, completion_ids, **folded)  # (n, T)
+    entropy = None
+    if policy.settings.compute_entropy:
+        entropy = output_layer_entropy(scoring, head.weight, **folded)  # (n, T)
+    return logprobs, entropy
+
+
+def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    """The transformer body (hidden states out) and the output layer of a causal LM."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    body = getattr(inner, "base_model", None)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if body is None or body is inner or type(head) is not nn.Linear:
+        raise ValueError(
+            "chunked_output_layer: needs a transformers causal LM whose output layer is a plain "
+            f"nn.Linear (got {type(head).__name__} on {type(inner).__name__}; a LoRA adapter on "
+            "the output layer is not supported); set chunked_output_layer: false"
+        )
+    return body, head
+
+
+def _check_folding(
+    model: nn.Module, inputs: dict[str, Tensor], hidden: Tensor, head: nn.Linear
+) -> None:
+    """The model's own logits of one row must be its output layer applied to its hidden states
+    (not so with logit soft-capping or scaling); checked once per policy."""
+    with torch.no_grad():
+        row = {key: value[:1] for key, value in inputs.items()}
+        expected = model(**row, use_cache=False).logits[0, -1].float()  # (V,)
+        folded = head(hidden[:1, -1]).float()[0]  # (V,)
+    gap = (expected - folded).abs().max().item()
+    if gap > 1e-3 * (1.0 + expected.abs().max().item()):
+        raise ValueError(
+            "chunked_output_layer: this model's logits are not its output layer applied to its "
+            f"last hidden states (largest difference {gap:.3g}; e.g. logit soft-capping or "
+            "scaling); set chunked_output_layer: false"
+        )
 
 
 def _completion_mask(

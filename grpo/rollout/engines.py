@@ -46,6 +46,9 @@ class RolloutEngine(Protocol):
 
     tis_cap: float | None
     """Cap of truncated importance sampling on the loss; None = no correction."""
+    samples_with_scorer: bool
+    """True when the engine samples with the very model and numerics that score the loss,
+    so the rollout's log-probs are the trainer's (an engine without it counts as False)."""
 
     def sample(
         self,
@@ -60,6 +63,7 @@ class TransformersEngine:
     """Samples with the trainer's model itself (`transformers` `generate`)."""
 
     tis_cap = None  # the sampler is the scorer: nothing to correct
+    samples_with_scorer = True
 
     def __init__(self, model: nn.Module, tokenizer: Any) -> None:
         self.model = model

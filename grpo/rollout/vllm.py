@@ -157,6 +157,8 @@ def parse_outputs(outputs: Sequence[Any]) -> Samples:
 class VLLMEngine:
     """vLLM sampling for `CausalLMPolicy`, holding the trainer's weights (shared or copied)."""
 
+    samples_with_scorer = False  # other kernels: its log-probs differ, so π_old is recorded
+
     def __init__(self, model: nn.Module, tokenizer: Any, settings: VLLMSettings) -> None:
         require_vllm()
         self.model = model

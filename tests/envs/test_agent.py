@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import build_tiny_causal_lm, load_tiny_causal_lm
+from tiny_models import build_tiny_causal_lm, load_tiny_causal_lm, spans
 
 from grpo.config import GRPOConfig
 from grpo.envs.agent import EpisodePolicy, EpisodeReward, PolicyAgent
@@ -45,18 +45,6 @@ class SpyAgent:
         return AgentOutput(
             [c.text for c in completions], [list(c.completion_ids) for c in completions]
         )
-
-
-def spans(mask):
-    """Contiguous runs of True as (start, end) pairs."""
-    runs, start = [], None
-    for i, flag in enumerate([*mask, False]):
-        if flag and start is None:
-            start = i
-        if not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 def test_rollout_masks_are_exactly_the_assistant_spans(model_path):

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import load_tiny_causal_lm
+from tiny_models import load_tiny_causal_lm, spans
 
 from grpo.envs.chat_mask import tokenize_with_assistant_mask
 from grpo.envs.scoring import conversation_logprobs
@@ -27,17 +27,6 @@ CONVERSATIONS = [
 def tiny(tiny_lm_dir):
     model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
     return model.eval(), tokenizer
-
-
-def spans(mask):
-    runs, start = [], None
-    for i, flag in enumerate([*mask, False]):
-        if flag and start is None:
-            start = i
-        if not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 @torch.no_grad()

@@ -1,0 +1,103 @@
+"""What every benchmark in `bench/` shares: the model sizes, the workload, the reward.
+
+One `Workload` fixes everything both trainers are given: model size, B prompts,
+G completions each, T new tokens at most, β, learning rate, steps. The model
+is a random-init Qwen2 built locally (a byte-level BPE tokenizer trained here
+with `tokenizers`, nothing downloaded) and saved once to a folder, so every
+process loads the very same weights with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from tiny_models import WORDS, build_tokenizer, random_words  # noqa: E402
+
+__all__ = ["MODEL_SIZES", "Workload", "build_model", "peak_rss_mib", "prompts", "yes_reward"]
+
+MODEL_SIZES = {  # name -> (hidden, intermediate, layers, attention heads, key-value heads)
+    "tiny": (32, 64, 2, 4, 2),
+    "small": (128, 384, 4, 4, 2),
+    "medium": (256, 768, 6, 8, 4),
+    "large": (512, 1536, 8, 8, 4),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration, given identically to every trainer that is compared."""
+
+    model: str = "small"  # a key of MODEL_SIZES
+    prompts: int = 4  # B
+    group_size: int = 4  # G
+    max_new_tokens: int = 32  # T: completion tokens at most
+    beta: float = 0.0  # KL coefficient (0: no reference model)
+    learning_rate: float = 1e-5
+    steps: int = 4  # timed optimizer steps, after one warm-up step
+    threads: int = 2  # torch intra-op threads
+
+    def replace(self, **changes) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_model(path: str | Path, size: str, seed: int = 0) -> Path:
+    """Save a random-init Qwen2 of `size` and the test tokenizer to `path` (once)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return path
+    hidden, inter, layers, heads, kv_heads = MODEL_SIZES[size]
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def prompts(n: int, seed: int = 0) -> list[str]:
+    """n plain-text prompts of 4 to 8 words."""
+    rng = random.Random(seed)
+    return [random_words(rng, 4, 8, WORDS) for _ in range(n)]
+
+
+def yes_reward(prompts, completions, **kwargs) -> list[float]:
+    """Fraction of the completion's words that are "yes" (the same callable for both trainers)."""
+    out = []
+    for completion in completions:
+        text = completion if isinstance(completion, str) else completion[-1]["content"]
+        words = text.split()
+        out.append(sum(w == "yes" for w in words) / max(len(words), 1))
+    return out
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

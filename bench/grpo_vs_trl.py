@@ -1,0 +1,162 @@
+"""`grpo` against TRL's GRPOTrainer and against the bare model compute, side by side on the CPU.
+
+    python bench/grpo_vs_trl.py                       # the default workload, 3 runs each
+    python bench/grpo_vs_trl.py --model medium -G 8 -T 64 --runs 5
+    python bench/grpo_vs_trl.py --model tiny -B 2 -G 2 -T 4 --steps 1 --runs 1   # seconds
+
+The model (a random-init Qwen2 of `--model` size, see `common.MODEL_SIZES`)
+is saved once to a temporary folder. Then, for each of `--runs` rounds, every
+trainer runs in its own fresh subprocess, alternating (grpo, trl, bare, grpo,
+trl, bare, ...) so that slow drifts of the machine hit all of them alike.
+Each subprocess takes one warm-up step and `--steps` timed optimizer steps
+(`workers.py`). Reported per trainer:
+
+- s/step: median wall time of one optimizer step over every timed step of every run;
+- tokens/s: generated completion tokens over the summed step time;
+- peak RSS: median over runs of the process's peak resident memory, and the
+  same minus the memory after setup (model, optimizer, imports loaded);
+- grpo/trl: the ratio of medians; overhead: grpo's time per generated token
+  over bare's, minus 1.
+
+Prints one JSON record per run and the Markdown table; `--json` writes the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import MODEL_SIZES, Workload, build_model  # noqa: E402
+
+TRAINERS = ("grpo", "trl", "bare")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small", choices=sorted(MODEL_SIZES))
+    parser.add_argument("-B", "--prompts", type=int, default=4)
+    parser.add_argument("-G", "--group-size", type=int, default=4)
+    parser.add_argument("-T", "--max-new-tokens", type=int, default=32)
+    parser.add_argument("--beta", type=float, default=0.0)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per run")
+    parser.add_argument("--runs", type=int, default=3, help="subprocesses per trainer")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trainers", default=",".join(TRAINERS))
+    parser.add_argument("--model-dir", help="reuse a saved model folder")
+    parser.add_argument("--json", help="write the summary here")
+    parser.add_argument("--worker", choices=TRAINERS, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def workload(args: argparse.Namespace) -> Workload:
+    return Workload(
+        model=args.model,
+        prompts=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        beta=args.beta,
+        learning_rate=args.lr,
+        steps=args.steps,
+        threads=args.threads,
+    )
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Inside a subprocess: one run of one trainer; prints its JSON record last."""
+    import torch
+    from workers import WORKERS
+
+    work = workload(args)
+    torch.set_num_threads(work.threads)
+    torch.manual_seed(0)
+    record = WORKERS[args.worker](Path(args.model_dir), work)
+    print(json.dumps({"trainer": args.worker, **record}))
+
+
+def run_once(trainer: str, model_dir: Path, argv: list[str]) -> dict:
+    command = [sys.executable, __file__, *argv, "--worker", trainer, "--model-dir", str(model_dir)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{trainer} run failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarise(records: list[dict]) -> dict:
+    times = [t for r in records for t in r["step_s"]]
+    tokens = [n for r in records for n in r["tokens"]]
+    return {
+        "step_s": statistics.median(times),
+        "tokens_per_step": statistics.mean(tokens),
+        "tokens_per_s": sum(tokens) / sum(times),
+        "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in records),
+        "step_rss_mib": statistics.median(r["peak_rss_mib"] - r["setup_rss_mib"] for r in records),
+        "steps": len(times),
+    }
+
+
+def table(summary: dict[str, dict]) -> str:
+    rows = [
+        "| trainer | s/step (median) | tokens/step | tokens/s | peak RSS MiB | peak - setup MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in summary.items():
+        if name in TRAINERS:
+            rows.append(
+                f"| {name} | {s['step_s']:.3f} | {s['tokens_per_step']:.0f} | "
+                f"{s['tokens_per_s']:.0f} | {s['peak_rss_mib']:.0f} | {s['step_rss_mib']:.0f} |"
+            )
+    lines = "\n".join(rows)
+    for key in ("grpo/trl", "grpo/bare per token - 1"):
+        if key in summary:
+            lines += f"\n\n{key}: {summary[key]:.3f}"
+    return lines
+
+
+def compare(summary: dict[str, dict]) -> None:
+    """Adds the ratio to TRL and the overhead over the bare compute (per generated token)."""
+    if "grpo" in summary and "trl" in summary:
+        summary["grpo/trl"] = summary["grpo"]["step_s"] / summary["trl"]["step_s"]
+    if "grpo" in summary and "bare" in summary:
+        ours, bare = summary["grpo"], summary["bare"]
+        per_token = ours["step_s"] / ours["tokens_per_step"]
+        summary["grpo/bare per token - 1"] = (
+            per_token / (bare["step_s"] / bare["tokens_per_step"]) - 1
+        )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    trainers = [t for t in args.trainers.split(",") if t]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model_dir) if args.model_dir else Path(tmp) / args.model
+        build_model(model_dir, args.model)
+        records: dict[str, list[dict]] = {t: [] for t in trainers}
+        for run in range(args.runs):  # A B C A B C ...: drifts hit every trainer alike
+            for trainer in trainers:
+                record = run_once(trainer, model_dir, argv)
+                records[trainer].append(record)
+                print(json.dumps({"run": run, **record}), flush=True)
+    summary: dict = {t: summarise(r) for t, r in records.items()}
+    compare(summary)
+    summary["workload"] = workload(args).as_dict()
+    print(table(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""One timed run of one trainer on one `Workload`, in the calling process.
+
+Each worker loads the saved model, takes one warm-up optimizer step, then
+`work.steps` timed ones, and returns per-step wall times, generated tokens per
+step, the resident memory after setup and the peak resident memory.
+
+- "grpo": `GRPOTrainer.train_step` with a `CausalLMPolicy` and a `TextReward`.
+- "trl": TRL's `GRPOTrainer.train()`; a step is the time between two
+  `on_step_end` callbacks (generation, scoring, loss, backward, optimizer).
+- "bare": the model compute alone for the same tokens: a plain KV-cache
+  sampling loop of exactly T new tokens, one forward and backward of the
+  policy-gradient loss on them, one optimizer step. No rewards, no masks, no
+  checks: the floor that framework overhead is measured against.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from common import Workload, peak_rss_mib, prompts, yes_reward
+
+__all__ = ["WORKERS"]
+
+
+def _rss_mib() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def run_grpo(model_dir: Path, work: Workload) -> dict:
+    from grpo import GRPOConfig, GRPOTrainer
+    from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
+    from grpo.policies.sampling import GenerationSettings
+    from grpo.rewards.combine import TextReward
+
+    N = work.prompts * work.group_size
+    generation = GenerationSettings(max_new_tokens=work.max_new_tokens, temperature=1.0, seed=0)
+    settings = CausalLMSettings(generation=generation, micro_batch_size=N, compute_entropy=False)
+    policy = CausalLMPolicy.from_pretrained(str(model_dir), settings, dtype="float32")
+    config = GRPOConfig(
+        group_size=work.group_size,
+        batch_size=N,
+        num_epochs_per_update=1,
+        kl_coeff=work.beta,
+        entropy_coeff=0.0,
+        ref_update_frequency=0,
+        max_grad_norm=1.0,
+    )
+    optimizer = torch.optim.AdamW(
+        policy.model.parameters(), lr=work.learning_rate, weight_decay=0.0
+    )
+    trainer = GRPOTrainer(policy, TextReward(yes_reward), optimizer=optimizer, config=config)
+    texts = prompts(work.prompts * (work.steps + 1))
+    setup_rss = _rss_mib()
+    times, tokens = [], []
+    for step in range(work.steps + 1):
+        states = [{"prompt": p} for p in texts[step * work.prompts : (step + 1) * work.prompts]]
+        start = time.perf_counter()
+        trainer.train_step(states)
+        times.append(time.perf_counter() - start)
+        tokens.append(policy.rollout_metrics["completion/length_mean"] * N)
+    return _record(times, tokens, setup_rss)
+
+
+def run_trl(model_dir: Path, work: Workload) -> dict:
+    from transformers import TrainerCallback
+    from trl_side import make_trl_trainer
+
+    ends: list[float] = []
+    lengths: list[float] = []  # mean completion length of each step's generation
+    N = work.prompts * work.group_size
+
+    class StepClock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+            lengths.append(trainer._metrics["train"]["completions/mean_length"][-1])
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make_trl_trainer(model_dir, work, out)
+        trainer.add_callback(StepClock())
+        setup_rss = _rss_mib()
+        trainer.train()
+    times = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    return _record(times, [length * N for length in lengths], setup_rss)
+
+
+def run_bare(model_dir: Path, work: Workload) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=work.learning_rate, weight_decay=0.0)
+    G, T = work.group_size, work.max_new_tokens
+    texts = prompts(work.prompts * (work.steps + 1))
+    setup_rss = _rss_mib()
+    times, tokens = [], []
+    for step in range(work.steps + 1):
+        batch = [
+            t for t in texts[step * work.prompts : (step + 1) * work.prompts] for _ in range(G)
+        ]
+        tokenizer.padding_side = "left"
+        enc = tokenizer(batch, return_tensors="pt", padding=True)
+        start = time.perf_counter()
+        with torch.no_grad():  # sampling: T steps of one token each, cached keys and values
+            model.eval()
+            cache, ids, mask = DynamicCache(), enc["input_ids"], enc["attention_mask"]
+            position = (mask.cumsum(-1) - 1).clamp(min=0)
+            new = []
+            for _ in range(T):
+                out = model(
+                    input_ids=ids, attention_mask=mask, position_ids=position,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1,
+                )  # fmt: skip
+                ids = torch.multinomial(out.logits[:, -1].softmax(-1), 1)  # (N, 1)
+                new.append(ids)
+                mask = torch.cat([mask, torch.ones_like(ids)], 1)
+                position = position[:, -1:] + 1
+        completion = torch.cat(new, 1)  # (N, T)
+        model.train()
+        full = torch.cat([enc["input_ids"], completion], 1)  # (N, P+T)
+        full_mask = torch.cat([enc["attention_mask"], torch.ones_like(completion)], 1)
+        logits = model(input_ids=full, attention_mask=full_mask, logits_to_keep=T + 1).logits
+        logprobs = logits[:, :-1].log_softmax(-1).gather(-1, completion[..., None])  # (N, T, 1)
+        rewards = torch.tensor(yes_reward(batch, tokenizer.batch_decode(completion)))
+        loss = -(rewards[:, None, None] * logprobs).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        tokens.append(float(completion.numel()))
+    return _record(times, tokens, setup_rss)
+
+
+def _record(times: list[float], tokens: list[float], setup_rss: float) -> dict:
+    """Drops the warm-up step (the first); the rest are the timed steps."""
+    return {
+        "step_s": times[1:],
+        "tokens": tokens[1:],
+        "setup_rss_mib": setup_rss,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+WORKERS = {"grpo": run_grpo, "trl": run_trl, "bare": run_bare}

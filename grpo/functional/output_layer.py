@@ -1,0 +1,139 @@
+"""Token log-probs straight from the last hidden states, never holding (N, T, V) logits.
+
+`selective_log_softmax` bounds the memory of the softmax, but its input, the
+model's (N, T, V) logits, is itself the largest tensor of a long completion
+over a large vocabulary (8 x 1024 x 152k fp32 logits are 5 GB). Here the
+output layer is folded into the loss: rows of hidden states are multiplied by
+the output weight one chunk at a time, and each chunk's logits are dropped as
+soon as its log-softmax is taken.
+
+    logprobs = output_layer_logprobs(hidden (..., H), weight (V, H), index (...))  # (...)
+
+Follows the same maths as `grpo.functional.logprobs` (seed 003's
+`selective_log_softmax`; log p(i) = z_i - logsumexp(z)); the chunked
+recomputation is the idea behind "cut cross-entropy" losses (Wijmans et al.
+2024), done here with plain matmuls.
+
+Departures from computing logits = hidden @ weight.T first:
+- Backward recomputes each chunk's logits from the saved hidden states and
+  weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
+  any (N, T, V) tensor: peak extra memory is one fp32 chunk of rows x V.
+- Logits are computed in fp32 (fp64 for fp64 inputs) whatever the dtype of
+  hidden and weight; gradients are returned in the inputs' dtypes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from grpo.functional._checks import check_positive
+from grpo.functional.logprobs import _ENTROPY, _LOG_SOFTMAX, DEFAULT_CHUNK_ELEMENTS, _RowOp
+
+__all__ = ["output_layer_entropy", "output_layer_logprobs"]
+
+
+class _OutputLayer(torch.autograd.Function):
+    """A per-row op on softmax((hidden @ weight.T + bias) / temperature), chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, index, op, step, temperature):
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
+        out = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
+        log_norm = torch.empty_like(out)  # (R,)
+        for start in range(0, rows.shape[0], step):
+            part = slice(start, start + step)
+            z = _logits(
+                rows[part], weight, bias, dtype, temperature
+            )  # (r, V) the only big temporary
+            log_norm[part] = torch.logsumexp(z, dim=-1)
+            out[part] = op.forward(z, index[part], log_norm[part])
+        ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
+        ctx.op, ctx.step, ctx.temperature, ctx.shape = op, step, temperature, hidden.shape
+        return out.view(hidden.shape[:-1]).clone()  # a copy: in-place edits cannot reach `out`
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        rows, weight, bias, index, log_norm, out = ctx.saved_tensors
+        grad_out = grad_out.reshape(-1).to(out.dtype)  # (R,)
+        grad_rows = torch.empty_like(rows)  # (R, H)
+        grad_weight = torch.zeros(weight.shape, dtype=out.dtype, device=weight.device)  # (V, H)
+        grad_bias = (
+            None if bias is None else torch.zeros(bias.shape, dtype=out.dtype, device=bias.device)
+        )
+        for start in range(0, rows.shape[0], ctx.step):
+            part = slice(start, start + ctx.step)
+            z = _logits(rows[part], weight, bias, out.dtype, ctx.temperature)  # (r, V)
+            grad_z = ctx.op.backward(z, index[part], log_norm[part], out[part], grad_out[part])
+            grad_z = grad_z.div_(ctx.temperature)  # (r, V) chain rule through z = logits / T
+            grad_rows[part] = grad_z @ weight.to(out.dtype)  # (r, H)
+            grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))  # (V, H), in place
+            if grad_bias is not None:
+                grad_bias += grad_z.sum(0)
+        grad_weight = grad_weight.to(weight.dtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None
+
+
+def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperature) -> Tensor:
+    z = rows.to(dtype) @ weight.to(dtype).T  # (r, V)
+    if bias is not None:
+        z = z + bias.to(dtype)
+    return z / temperature
+
+
+def _run(op: _RowOp, hidden, weight, index, bias, temperature, chunk_size) -> Tensor:
+    if not isinstance(hidden, Tensor) or not hidden.is_floating_point() or hidden.dim() < 1:
+        raise ValueError("hidden: allowed: a floating-point tensor of shape (..., H)")
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+        raise ValueError(f"weight: got {got}; allowed: (V, H) with H = {hidden.shape[-1]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias: got {tuple(bias.shape)}; allowed: None or ({weight.shape[0]},)")
+    temperature = check_positive(temperature, "temperature")
+    if chunk_size is not None:
+        chunk_size = int(check_positive(chunk_size, "chunk_size"))
+    step = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
+    flat_index = index.reshape(-1).long()  # (R,)
+    return _OutputLayer.apply(hidden, weight, bias, flat_index, op, step, temperature)
+
+
+def output_layer_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    index: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """log softmax((hidden @ weight.T + bias) / temperature)[index]: (..., H), (V, H), (...) -> (...).
+
+    Equal to `selective_log_softmax(hidden @ weight.T + bias, index, temperature=...)`
+    without the logits tensor. `chunk_size` rows per chunk (None: about
+    `DEFAULT_CHUNK_ELEMENTS` logits). Gradients flow to hidden, weight and bias.
+    """
+    if tuple(index.shape) != tuple(hidden.shape[:-1]) or index.is_floating_point():
+        raise ValueError(
+            f"index: got {tuple(index.shape)} {index.dtype}; allowed: integer ids of shape "
+            f"{tuple(hidden.shape[:-1])}"
+        )
+    if index.numel() and bool(((index < 0) | (index >= weight.shape[0])).any()):
+        raise ValueError(f"index: token ids must lie in [0, V = {weight.shape[0]})")
+    return _run(_LOG_SOFTMAX, hidden, weight, index, bias, temperature, chunk_size)
+
+
+def output_layer_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Entropy of softmax((hidden @ weight.T + bias) / temperature): (..., H), (V, H) -> (...)."""
+    index = torch.zeros(hidden.shape[:-1], dtype=torch.long, device=hidden.device)  # unused
+    return _run(_ENTROPY, hidden, weight, index, bias, temperature, chunk_size)

@@ -93,9 +93,11 @@ def run_once(trainer: str, model_dir: Path, argv: list[str]) -> dict:
 def summarise(records: list[dict]) -> dict:
     times = [t for r in records for t in r["step_s"]]
     tokens = [n for r in records for n in r["tokens"]]
+    decode = [n for r in records for n in r["decode_steps"]]
     return {
         "step_s": statistics.median(times),
         "tokens_per_step": statistics.mean(tokens),
+        "decode_steps": statistics.mean(decode),
         "tokens_per_s": sum(tokens) / sum(times),
         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in records),
         "step_rss_mib": statistics.median(r["peak_rss_mib"] - r["setup_rss_mib"] for r in records),
@@ -105,31 +107,40 @@ def summarise(records: list[dict]) -> dict:
 
 def table(summary: dict[str, dict]) -> str:
     rows = [
-        "| trainer | s/step (median) | tokens/step | tokens/s | peak RSS MiB | peak - setup MiB |",
-        "|---|---|---|---|---|---|",
+        "| trainer | s/step (median) | decoding steps | tokens/step | tokens/s | peak RSS MiB "
+        "| peak - setup MiB |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in summary.items():
         if name in TRAINERS:
             rows.append(
-                f"| {name} | {s['step_s']:.3f} | {s['tokens_per_step']:.0f} | "
-                f"{s['tokens_per_s']:.0f} | {s['peak_rss_mib']:.0f} | {s['step_rss_mib']:.0f} |"
+                f"| {name} | {s['step_s']:.3f} | {s['decode_steps']:.1f} | "
+                f"{s['tokens_per_step']:.0f} | {s['tokens_per_s']:.0f} | "
+                f"{s['peak_rss_mib']:.0f} | {s['step_rss_mib']:.0f} |"
             )
     lines = "\n".join(rows)
-    for key in ("grpo/trl", "grpo/bare per token - 1"):
+    for key in ("grpo/trl", "grpo/bare per decoding step - 1"):
         if key in summary:
             lines += f"\n\n{key}: {summary[key]:.3f}"
     return lines
 
 
 def compare(summary: dict[str, dict]) -> None:
-    """Adds the ratio to TRL and the overhead over the bare compute (per generated token)."""
+    """Adds the ratio to TRL and the overhead over the bare compute.
+
+    The overhead compares time per decoding step, not per generated token: a
+    batch decodes all N rows until its longest completion ends, and scoring
+    pads to that length, so the model compute of a step follows its decoding
+    steps; rows that ended early (fewer tokens) cost the same. When grpo's
+    longest completion reaches T in every step, this is the ratio of s/step.
+    """
     if "grpo" in summary and "trl" in summary:
         summary["grpo/trl"] = summary["grpo"]["step_s"] / summary["trl"]["step_s"]
     if "grpo" in summary and "bare" in summary:
         ours, bare = summary["grpo"], summary["bare"]
-        per_token = ours["step_s"] / ours["tokens_per_step"]
-        summary["grpo/bare per token - 1"] = (
-            per_token / (bare["step_s"] / bare["tokens_per_step"]) - 1
+        per_decode = ours["step_s"] / ours["decode_steps"]
+        summary["grpo/bare per decoding step - 1"] = (
+            per_decode / (bare["step_s"] / bare["decode_steps"]) - 1
         )
 
 

@@ -2,7 +2,9 @@
 
 Each worker loads the saved model, takes one warm-up optimizer step, then
 `work.steps` timed ones, and returns per-step wall times, generated tokens per
-step, the resident memory after setup and the peak resident memory.
+step, decoding steps per step (the longest completion: a batch keeps decoding
+all its rows until its last one ends, so this sets the generation and scoring
+work), the resident memory after setup and the peak resident memory.
 
 - "grpo": `GRPOTrainer.train_step` with a `CausalLMPolicy` and a `TextReward`.
 - "trl": TRL's `GRPOTrainer.train()`; a step is the time between two
@@ -55,14 +57,15 @@ def run_grpo(model_dir: Path, work: Workload) -> dict:
     trainer = GRPOTrainer(policy, TextReward(yes_reward), optimizer=optimizer, config=config)
     texts = prompts(work.prompts * (work.steps + 1))
     setup_rss = _rss_mib()
-    times, tokens = [], []
+    times, tokens, decode = [], [], []
     for step in range(work.steps + 1):
         states = [{"prompt": p} for p in texts[step * work.prompts : (step + 1) * work.prompts]]
         start = time.perf_counter()
         trainer.train_step(states)
         times.append(time.perf_counter() - start)
         tokens.append(policy.rollout_metrics["completion/length_mean"] * N)
-    return _record(times, tokens, setup_rss)
+        decode.append(policy.rollout_metrics["completion/length_max"])
+    return _record(times, tokens, decode, setup_rss)
 
 
 def run_trl(model_dir: Path, work: Workload) -> dict:
@@ -71,6 +74,7 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
 
     ends: list[float] = []
     lengths: list[float] = []  # mean completion length of each step's generation
+    longest: list[float] = []
     N = work.prompts * work.group_size
 
     class StepClock(TrainerCallback):
@@ -80,6 +84,7 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
             lengths.append(trainer._metrics["train"]["completions/mean_length"][-1])
+            longest.append(trainer._metrics["train"]["completions/max_length"][-1])
 
     with tempfile.TemporaryDirectory() as out:
         trainer = make_trl_trainer(model_dir, work, out)
@@ -87,7 +92,7 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
         setup_rss = _rss_mib()
         trainer.train()
     times = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
-    return _record(times, [length * N for length in lengths], setup_rss)
+    return _record(times, [length * N for length in lengths], longest, setup_rss)
 
 
 def run_bare(model_dir: Path, work: Workload) -> dict:
@@ -99,7 +104,7 @@ def run_bare(model_dir: Path, work: Workload) -> dict:
     G, T = work.group_size, work.max_new_tokens
     texts = prompts(work.prompts * (work.steps + 1))
     setup_rss = _rss_mib()
-    times, tokens = [], []
+    times, tokens, decode = [], [], []
     for step in range(work.steps + 1):
         batch = [
             t for t in texts[step * work.prompts : (step + 1) * work.prompts] for _ in range(G)
@@ -134,14 +139,16 @@ def run_bare(model_dir: Path, work: Workload) -> dict:
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
         tokens.append(float(completion.numel()))
-    return _record(times, tokens, setup_rss)
+        decode.append(float(T))
+    return _record(times, tokens, decode, setup_rss)
 
 
-def _record(times: list[float], tokens: list[float], setup_rss: float) -> dict:
+def _record(times: list[float], tokens: list[float], decode: list[float], setup_rss: float) -> dict:
     """Drops the warm-up step (the first); the rest are the timed steps."""
     return {
         "step_s": times[1:],
         "tokens": tokens[1:],
+        "decode_steps": decode[1:],
         "setup_rss_mib": setup_rss,
         "peak_rss_mib": peak_rss_mib(),
     }

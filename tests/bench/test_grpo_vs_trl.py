@@ -25,27 +25,36 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("trainer", sorted(WORKERS))
 def test_each_trainer_reports_times_tokens_and_memory(model_dir, trainer):
-    """One timed step per trainer: a positive time, N x <= T tokens, a peak RSS above setup."""
+    """One timed step per trainer: a positive time, N x <= T tokens, <= T decoding steps covering
+    the mean length, a peak RSS above setup."""
     record = WORKERS[trainer](model_dir, TINY)
-    assert len(record["step_s"]) == len(record["tokens"]) == TINY.steps
+    assert len(record["step_s"]) == len(record["tokens"]) == len(record["decode_steps"]) == 1
     assert all(t > 0 for t in record["step_s"])
-    N = TINY.prompts * TINY.group_size
-    assert all(0 < n <= N * TINY.max_new_tokens for n in record["tokens"])
+    N, T = TINY.prompts * TINY.group_size, TINY.max_new_tokens
+    assert all(0 < n <= N * T for n in record["tokens"])
+    for n, longest in zip(record["tokens"], record["decode_steps"], strict=True):
+        assert n / N <= longest <= T
     assert record["peak_rss_mib"] >= record["setup_rss_mib"] > 0
 
 
 def test_summary_ratio_and_overhead_follow_the_records():
-    """s/step is the median, the ratio divides medians, the overhead compares time per token."""
+    """s/step is the median, the ratio divides medians, the overhead compares time per decoding
+    step (fewer tokens in as many decoding steps cost the same)."""
+
+    def record(step_s, tokens, decode, setup, peak):
+        return [{"step_s": step_s, "tokens": tokens, "decode_steps": decode,
+                 "setup_rss_mib": setup, "peak_rss_mib": peak}]  # fmt: skip
+
     records = {
-        "grpo": [{"step_s": [1.0, 3.0], "tokens": [10, 10], "setup_rss_mib": 1, "peak_rss_mib": 4}],
-        "trl": [{"step_s": [4.0, 4.0], "tokens": [10, 10], "setup_rss_mib": 2, "peak_rss_mib": 8}],
-        "bare": [{"step_s": [1.0, 1.0], "tokens": [5, 5], "setup_rss_mib": 1, "peak_rss_mib": 2}],
+        "grpo": record([1.0, 3.0], [10, 10], [4, 4], 1, 4),
+        "trl": record([4.0, 4.0], [10, 10], [4, 4], 2, 8),
+        "bare": record([1.0, 1.0], [16, 16], [2, 2], 1, 2),
     }
     summary = {name: grpo_vs_trl.summarise(r) for name, r in records.items()}
     grpo_vs_trl.compare(summary)
     assert summary["grpo"]["step_s"] == 2.0 and summary["grpo"]["tokens_per_s"] == 5.0
     assert summary["grpo/trl"] == 0.5
-    assert summary["grpo/bare per token - 1"] == pytest.approx(0.0)  # 0.2 s/token both
+    assert summary["grpo/bare per decoding step - 1"] == pytest.approx(0.0)  # 0.5 s each
     assert summary["trl"]["step_rss_mib"] == 6
     assert "| grpo | 2.000 |" in grpo_vs_trl.table(summary)
 

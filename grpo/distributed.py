@@ -246,11 +246,6 @@ class DataParallel:
                 **no_buffer_sync,
             )
         else:
-            if getattr(getattr(policy, "settings", None), "chunked_output_layer", False):
-                raise ValueError(
-                    "chunked_output_layer: runs the model's body and output layer apart, "
-                    "which FSDP2's sharded root cannot do; use strategy ddp or switch it off"
-                )
             with torch.no_grad():  # start every shard from rank 0's weights, as DDP does
                 for tensor in self.module.state_dict().values():
                     dist.broadcast(tensor, 0)

@@ -18,7 +18,9 @@ Choices:
   is folded into the log-softmax (`grpo.functional.output_layer`), chunk by
   chunk, so no (n, T, V) logits exist: for large vocabularies. That the
   model's logits are exactly its output layer applied to its last hidden
-  states (no soft-capping or scaling) is checked on the first micro-batch.
+  states (no soft-capping or scaling) is checked on the first micro-batch; a
+  model sharded by FSDP2 is refused, since only its own forward gathers the
+  shards.
 
 `policy` is a `CausalLMPolicy` (its tokenizer, settings, EOS ids); `model` is
 the network to run, which for a LoRA reference is the same PEFT model with its
@@ -159,6 +161,12 @@ def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
             "chunked_output_layer: needs a transformers causal LM whose output layer is a plain "
             f"nn.Linear (got {type(head).__name__} on {type(inner).__name__}; a LoRA adapter on "
             "the output layer is not supported); set chunked_output_layer: false"
+        )
+    if hasattr(head.weight, "full_tensor"):  # a DTensor: only the root's forward gathers it
+        raise ValueError(
+            "chunked_output_layer: the output layer is sharded (FSDP2), and running the body and "
+            "the output layer apart skips the gathering of the model's own forward; use "
+            "distributed strategy ddp or set chunked_output_layer: false"
         )
     return body, head
 

@@ -43,6 +43,10 @@ REJECTED = [
     ("unknown_section: {a: 1}", "unknown key unknown_section; allowed keys: preset, model"),
     ("rollout: {engine: sglang}", "rollout.engine: got 'sglang'; allowed: transformers, vllm"),
     ("rollout: {vllm: {tis_cap: 0.5}}", "rollout.vllm.tis_cap: got 0.5"),
+    (
+        "policy: {chunked_output_layer: true}\ndistributed: {strategy: fsdp2}",
+        "policy.chunked_output_layer: got true with distributed.strategy=fsdp2",
+    ),
 ]
 
 

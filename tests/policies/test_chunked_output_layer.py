@@ -111,3 +111,43 @@ def test_logits_that_are_not_the_output_layer_are_caught(tiny_lm_dir):
         folded.get_token_log_probabilities([None] * 2, actions)
     _, unscaled = _policies(model, tokenizer)
     unscaled.get_token_log_probabilities([None] * 2, actions)  # the same check passes unscaled
+
+
+def _sharded_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    """One-process gloo group: FSDP2-shard the model, then try folded scoring."""
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    try:
+        model, tokenizer = load_tiny_causal_lm(model_dir)
+        _, folded = _policies(model, tokenizer)
+        actions = [a for group in folded.generate_actions(PROMPTS[:1], 2) for a in group]
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        try:
+            folded.get_token_log_probabilities([None] * 2, actions)
+            message = "no error"
+        except ValueError as error:
+            message = str(error)
+        Path(out).write_text(message)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp2_sharded_output_layer_is_refused(tiny_lm_dir, tmp_path):
+    """Under FSDP2 the body alone would see unsharded-looking shards: refused with the fix named."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "message.txt"
+    mp.spawn(_sharded_worker, args=(port, str(tiny_lm_dir("qwen2")), str(out)), nprocs=1)
+    assert "the output layer is sharded (FSDP2)" in out.read_text()

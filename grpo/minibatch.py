@@ -1,20 +1,24 @@
 """Mini-batches of an experience batch: the samples one gradient step trains on.
 
-`GRPOTrainer` shuffles the N samples of a step and cuts them into mini-batches
-of `batch_size`; each is an `ExperienceBatch` of singleton groups (one sample
-per "group"), because the advantages are already computed over whole groups.
+`shuffled_mini_batches` shuffles the N samples of a step and cuts them into
+mini-batches of `batch_size`; each is an `ExperienceBatch` of singleton groups
+(one sample per "group"), because the advantages are already computed over
+whole groups. With data parallelism every rank draws the same permutation and
+keeps the samples of each mini-batch that it holds (see `grpo.distributed`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from grpo.functional.losses import GlobalCounts
 from grpo.records import ExperienceBatch
 
-__all__ = ["MiniBatch", "accumulate", "select_samples"]
+__all__ = ["MiniBatch", "accumulate", "select_samples", "shuffled_mini_batches"]
 
 
 class MiniBatch(NamedTuple):
@@ -25,6 +29,29 @@ class MiniBatch(NamedTuple):
     num_samples: int  # size of the whole mini-batch (over every rank)
     global_counts: GlobalCounts | None  # its sequences and tokens; None in one process
     scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none (distributed)
+
+
+def shuffled_mini_batches(
+    batch: ExperienceBatch,
+    advantages: Tensor,
+    batch_size: int,
+    generator: torch.Generator,
+    data_parallel: Any = None,
+) -> Iterator[MiniBatch]:
+    """Mini-batches of `batch_size` samples of the global batch (N = len(advantages)) in an
+    order drawn from `generator`; `data_parallel` (a `DataParallel` or None) picks this rank's."""
+    dp = data_parallel
+    N = len(advantages)
+    order = torch.randperm(N, generator=generator)
+    tokens = None if dp is None else dp.global_token_counts(batch)  # (N,)
+    for start in range(0, N, batch_size):
+        idx = order[start : start + batch_size]  # (n,) global sample ids
+        if dp is None:
+            yield MiniBatch(select_samples(batch, idx), advantages[idx], len(idx), None)
+            continue
+        owned, rows, scale = dp.own(idx)
+        counts = GlobalCounts(len(idx), int(tokens[idx].sum()))
+        yield MiniBatch(select_samples(batch, rows), advantages[owned], len(idx), counts, scale)
 
 
 def select_samples(batch: ExperienceBatch, idx: Tensor) -> ExperienceBatch:

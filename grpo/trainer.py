@@ -35,7 +35,7 @@ import math
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,9 +45,8 @@ from grpo import checkpoint, distributed
 from grpo.advantage_estimator import AdvantageEstimator
 from grpo.config import GRPOConfig
 from grpo.experience_collector import ExperienceCollector
-from grpo.functional.losses import GlobalCounts
 from grpo.grpo_objective import GRPOObjective
-from grpo.minibatch import MiniBatch, accumulate, select_samples
+from grpo.minibatch import MiniBatch, accumulate, shuffled_mini_batches
 from grpo.protocols import validate_policy_model, validate_reward_model
 from grpo.records import ExperienceBatch
 
@@ -175,7 +174,11 @@ class GRPOTrainer:
         self, batch: ExperienceBatch, advantages: Tensor, totals: dict[str, float]
     ) -> dict[str, float]:
         """One pass over shuffled mini-batches; returns the epoch's sample-weighted means."""
-        mini_batches = list(self._create_mini_batches(batch, advantages))
+        mini_batches = list(
+            shuffled_mini_batches(
+                batch, advantages, self.config.batch_size, self.generator, self.data_parallel
+            )
+        )
         window_size = self.config.gradient_accumulation_steps
         epoch_sums: dict[str, float] = defaultdict(float)
         for start in range(0, len(mini_batches), window_size):
@@ -259,27 +262,6 @@ class GRPOTrainer:
         if scaler is not None:
             scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _create_mini_batches(
-        self, batch: ExperienceBatch, advantages: Tensor
-    ) -> Iterator[MiniBatch]:
-        """Shuffled mini-batches of `batch_size` samples of the global batch (N = len(advantages)).
-
-        With data parallelism every rank draws the same permutation and keeps the
-        samples of each mini-batch that it holds (see `grpo.distributed`).
-        """
-        dp = self.data_parallel
-        N = len(advantages)
-        order = torch.randperm(N, generator=self.generator)
-        tokens = None if dp is None else dp.global_token_counts(batch)  # (N,)
-        for start in range(0, N, self.config.batch_size):
-            idx = order[start : start + self.config.batch_size]  # (n,) global sample ids
-            if dp is None:
-                yield MiniBatch(select_samples(batch, idx), advantages[idx], len(idx), None)
-                continue
-            owned, rows, scale = dp.own(idx)
-            counts = GlobalCounts(len(idx), int(tokens[idx].sum()))
-            yield MiniBatch(select_samples(batch, rows), advantages[owned], len(idx), counts, scale)
 
     # -------------------------------------------------------------- metrics
     def _rollout_metrics(

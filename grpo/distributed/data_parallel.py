@@ -1,28 +1,6 @@
-"""Data-parallel GRPO on PyTorch's own engine: torchrun, DDP by default, FSDP2 on request.
+"""`DataParallel`: one rank's shard of a step, its wrapped model and its collectives.
 
-Every process of `torchrun --nproc-per-node W` builds the same trainer and calls
-`train_step` with the same global list of S states. A step then maps onto W
-processes so that it computes what one process would (docs/distributed.md):
-
-- States: rank r keeps the contiguous block of S / W states starting at r·S/W.
-  A group of G actions is sampled and scored whole on the rank of its state, so
-  global sample n = i·G + j lives on rank n // (N / W), N = S·G.
-- Advantages: the N rewards are all-gathered and every rank computes the
-  advantages of the whole batch exactly as one process does, so batch-level
-  scaling and the logged reward statistics span all ranks.
-- Mini-batches: every rank draws the same permutation of the N global samples
-  from the trainer's generator (same seed, same draws); global mini-batch k is
-  order[k·M : (k+1)·M] and each rank trains on the samples of it that it owns.
-- Loss: each rank backpropagates W times its share Σ_own ℓ / D, where D is the
-  whole global mini-batch's denominator (its sequences, or its counted tokens
-  from per-sample counts all-gathered once per step). The shares sum to the
-  single-process loss; DDP and FSDP2 average over ranks, which W undoes.
-- A rank that owns no sample of a mini-batch still runs forward and backward (on
-  one of its samples, loss times 0) so every rank joins the same collectives.
-
-Departure from plain DDP usage: DDP wraps a runner around the policy's own module
-whose forward is the whole loss computation, so the policy keeps its unwrapped
-module (generation, parameter names) and may run several forwards per mini-batch.
+The scheme is described in the package docstring (`grpo.distributed`).
 """
 
 from __future__ import annotations
@@ -30,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,20 +19,11 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from grpo import checkpoint
+from grpo.distributed.process_group import all_gather, collective_device, shard_bounds
+from grpo.minibatch import accumulate
 from grpo.records import ExperienceBatch
 
-__all__ = [
-    "DataParallel",
-    "DistributedConfig",
-    "barrier",
-    "init_from_env",
-    "is_main_process",
-    "policy_module",
-    "rank",
-    "scalar",
-    "shard_bounds",
-    "world_size",
-]
+__all__ = ["DataParallel", "DistributedConfig", "accumulate_metrics", "policy_module"]
 
 STRATEGIES = ("ddp", "fsdp2")
 # loss-dict entries that are shares of a global mini-batch (sum over ranks = its value)
@@ -95,80 +63,6 @@ class DistributedConfig:
                 raise ValueError(
                     f"{name} must be None or one of {', '.join(_DTYPES)}; got {value!r}"
                 )
-
-
-# ------------------------------------------------------------ process group
-def init_from_env(backend: str | None = None) -> bool:
-    """Join the process group torchrun describes; False when not launched by torchrun.
-
-    Reads RANK, WORLD_SIZE and LOCAL_RANK. Backend None: "nccl" with CUDA (each
-    process on GPU LOCAL_RANK), else "gloo".
-    """
-    if dist.is_initialized():
-        return True
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return False
-    env = {name: os.environ.get(name, "0") for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    for name, value in env.items():
-        if not value.isdigit():
-            raise ValueError(f"environment variable {name} must be an integer >= 0, got {value!r}")
-    env = {name: int(value) for name, value in env.items()}
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(env["LOCAL_RANK"])
-    dist.init_process_group(backend, rank=env["RANK"], world_size=env["WORLD_SIZE"])
-    return True
-
-
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def is_main_process() -> bool:
-    """True on rank 0 (and in a single process): the one process that writes files."""
-    return rank() == 0
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _device() -> torch.device:
-    """Where collective buffers live: NCCL only moves CUDA tensors."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_gather(values: Tensor) -> Tensor:
-    """Equal-sized (n, ...) tensors of every rank -> (W·n, ...) in rank order, on CPU."""
-    values = values.to(_device())
-    parts = [torch.empty_like(values) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, values)
-    return torch.cat(parts).cpu()
-
-
-def scalar(value: Any) -> float:
-    """A Python float from a tensor, a DTensor (FSDP2 gradient norms) or a number."""
-    if hasattr(value, "full_tensor"):
-        value = value.full_tensor()
-    return float(value)
-
-
-def shard_bounds(num_items: int, rank: int, world_size: int) -> tuple[int, int]:
-    """[start, stop) of rank's contiguous equal block of num_items."""
-    if num_items % world_size:
-        raise ValueError(
-            f"states: got {num_items} states for {world_size} processes; allowed: a multiple "
-            f"of the number of processes, so that every rank samples as many groups"
-        )
-    size = num_items // world_size
-    return rank * size, (rank + 1) * size
 
 
 # ------------------------------------------------------------ model wrapping
@@ -213,7 +107,7 @@ def _shard(module: nn.Module, config: DistributedConfig) -> None:
         "reshard_after_forward": config.fsdp_reshard_after_forward,
         "mp_policy": MixedPrecisionPolicy(param_dtype=dtypes[0], reduce_dtype=dtypes[1]),
         # explicit: FSDP2's default mesh is on CUDA whenever CUDA exists, even under gloo
-        "mesh": init_device_mesh(_device().type, (dist.get_world_size(),)),
+        "mesh": init_device_mesh(collective_device().type, (dist.get_world_size(),)),
     }
     for sub in list(module.modules())[1:]:
         if type(sub).__name__ in names:
@@ -239,9 +133,10 @@ class DataParallel:
             # forwards outside the runner (generation) need no collective (renamed in 2.13)
             new = "forward_sync_buffers" in inspect.signature(ddp).parameters
             no_buffer_sync = {"forward_sync_buffers" if new else "broadcast_buffers": False}
+            on_gpu = collective_device().type == "cuda"
             self._ddp = ddp(
                 _LossRunner(self.module),  # broadcasts rank 0's weights to every rank
-                device_ids=[torch.cuda.current_device()] if _device().type == "cuda" else None,
+                device_ids=[torch.cuda.current_device()] if on_gpu else None,
                 find_unused_parameters=self.config.find_unused_parameters,
                 **no_buffer_sync,
             )
@@ -264,14 +159,14 @@ class DataParallel:
         """A rewards-only batch holding the (S, G) rewards of every rank, in global order."""
         self._num_local = batch.num_samples
         local = torch.tensor(batch.reward_groups, dtype=torch.float64)  # (S/W, G), exact copies
-        rewards = _all_gather(local)  # (S, G)
+        rewards = all_gather(local)  # (S, G)
         return ExperienceBatch([], [], rewards.tolist(), [])
 
     def global_token_counts(self, batch: ExperienceBatch) -> Tensor:
         """Counted tokens of every global sample (N,); 1 each for per-action policies."""
         if batch.completion_mask is None:
             return torch.ones(self._num_local * self.world_size, dtype=torch.long)
-        return _all_gather(batch.completion_mask.sum(dim=1).long().cpu())  # (N,)
+        return all_gather(batch.completion_mask.sum(dim=1).long().cpu())  # (N,)
 
     def own(self, idx: Tensor) -> tuple[Tensor, Tensor, float]:
         """Of global samples idx (n,): those this rank holds, their local rows, and a loss scale.
@@ -312,7 +207,7 @@ class DataParallel:
 
     def all_true(self, flag: bool) -> bool:
         """True only if `flag` is True on every rank (so all ranks skip a step together)."""
-        value = torch.tensor([float(flag)], device=_device())
+        value = torch.tensor([float(flag)], device=collective_device())
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
         return value.item() == 1.0
 
@@ -399,7 +294,5 @@ def accumulate_metrics(
 ) -> None:
     """Add a mini-batch's scalars: shares weighted by the global mini-batch size, per-rank
     means by the local sample count; `DataParallel.sum_metrics` then sums over ranks."""
-    for key, value in loss_dict.items():
-        value = value.item() if isinstance(value, Tensor) and value.numel() == 1 else value
-        if isinstance(value, (int, float)):
-            sums[key] += (num_global if key in SHARE_KEYS else num_local) * float(value)
+    accumulate(sums, {k: v for k, v in loss_dict.items() if k in SHARE_KEYS}, num_global)
+    accumulate(sums, {k: v for k, v in loss_dict.items() if k not in SHARE_KEYS}, num_local)

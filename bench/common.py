@@ -44,9 +44,6 @@ class Workload:
     steps: int = 4  # timed optimizer steps, after one warm-up step
     threads: int = 2  # torch intra-op threads
 
-    def replace(self, **changes) -> Workload:
-        return dataclasses.replace(self, **changes)
-
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 

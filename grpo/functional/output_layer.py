@@ -45,9 +45,7 @@ class _OutputLayer(torch.autograd.Function):
         log_norm = torch.empty_like(out)  # (R,)
         for start in range(0, rows.shape[0], step):
             part = slice(start, start + step)
-            z = _logits(
-                rows[part], weight, bias, dtype, temperature
-            )  # (r, V) the only big temporary
+            z = _logits(rows[part], weight, bias, dtype, temperature)  # (r, V): largest temporary
             log_norm[part] = torch.logsumexp(z, dim=-1)
             out[part] = op.forward(z, index[part], log_norm[part])
         ctx.save_for_backward(rows, weight, bias, index, log_norm, out)

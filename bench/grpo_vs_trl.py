@@ -6,8 +6,8 @@
 
 The model (a random-init Qwen2 of `--model` size, see `common.MODEL_SIZES`)
 is saved once to a temporary folder. Then, for each of `--runs` rounds, every
-trainer runs in its own fresh subprocess, alternating (grpo, trl, bare, grpo,
-trl, bare, ...) so that slow drifts of the machine hit all of them alike.
+trainer runs in its own fresh subprocess, alternating (grpo, grpo_lean, trl,
+bare, bare_lean, grpo, ...) so that slow drifts of the machine hit all of them alike.
 Each subprocess takes one warm-up step and `--steps` timed optimizer steps
 (`workers.py`). Reported per trainer:
 
@@ -15,8 +15,11 @@ Each subprocess takes one warm-up step and `--steps` timed optimizer steps
 - tokens/s: generated completion tokens over the summed step time;
 - peak RSS: median over runs of the process's peak resident memory, and the
   same minus the memory after setup (model, optimizer, imports loaded);
-- grpo/trl: the ratio of medians; overhead: grpo's time per generated token
-  over bare's, minus 1.
+- grpo/trl: the ratio of medians; overhead: grpo's time per decoding step
+  over bare's, minus 1. "grpo" samples with the default engine (transformers'
+  `generate`) and is compared with "bare" (a plain KV-cache loop over the
+  model's forward); "grpo_lean" samples with `rollout.engine: lean` and is
+  compared with "bare_lean" (the lean loop alone). See `workers.py`.
 
 Prints one JSON record per run and the Markdown table; `--json` writes the summary.
 """
@@ -36,7 +39,9 @@ sys.path.insert(0, str(HERE))
 
 from common import MODEL_SIZES, Workload, build_model  # noqa: E402
 
-TRAINERS = ("grpo", "trl", "bare")
+TRAINERS = ("grpo", "grpo_lean", "trl", "bare", "bare_lean")
+BARE = {"grpo": "bare", "grpo_lean": "bare_lean"}  # each rollout engine and its floor
+OURS = tuple(BARE)  # the default rollout engine (generate), and the lean one
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,9 +124,10 @@ def table(summary: dict[str, dict]) -> str:
                 f"{s['peak_rss_mib']:.0f} | {s['step_rss_mib']:.0f} |"
             )
     lines = "\n".join(rows)
-    for key in ("grpo/trl", "grpo/bare per decoding step - 1"):
-        if key in summary:
-            lines += f"\n\n{key}: {summary[key]:.3f}"
+    for name in OURS:
+        for key in (f"{name}/trl", f"{name}/{BARE[name]} per decoding step - 1"):
+            if key in summary:
+                lines += f"\n\n{key}: {summary[key]:.3f}"
     return lines
 
 
@@ -134,14 +140,16 @@ def compare(summary: dict[str, dict]) -> None:
     steps; rows that ended early (fewer tokens) cost the same. When grpo's
     longest completion reaches T in every step, this is the ratio of s/step.
     """
-    if "grpo" in summary and "trl" in summary:
-        summary["grpo/trl"] = summary["grpo"]["step_s"] / summary["trl"]["step_s"]
-    if "grpo" in summary and "bare" in summary:
-        ours, bare = summary["grpo"], summary["bare"]
-        per_decode = ours["step_s"] / ours["decode_steps"]
-        summary["grpo/bare per decoding step - 1"] = (
-            per_decode / (bare["step_s"] / bare["decode_steps"]) - 1
-        )
+    for name in (n for n in OURS if n in summary):
+        ours = summary[name]
+        if "trl" in summary:
+            summary[f"{name}/trl"] = ours["step_s"] / summary["trl"]["step_s"]
+        if BARE[name] in summary:
+            bare = summary[BARE[name]]
+            per_decode = ours["step_s"] / ours["decode_steps"]
+            summary[f"{name}/{BARE[name]} per decoding step - 1"] = (
+                per_decode / (bare["step_s"] / bare["decode_steps"]) - 1
+            )
 
 
 def main(argv: list[str] | None = None) -> dict:

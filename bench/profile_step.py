@@ -1,6 +1,6 @@
 """Where one `grpo` optimizer step spends its time: cProfile over timed `train_step` calls.
 
-    python bench/profile_step.py --model small -B 4 -G 4 -T 32 --steps 3
+    python bench/profile_step.py --model small -B 4 -G 4 -T 32 --steps 3 [--engine lean]
 
 Prints the phases (sampling, old-log-prob scoring, rewards, loss forward,
 backward, optimizer) as shares of the step, then cProfile's top functions by
@@ -26,6 +26,7 @@ from common import MODEL_SIZES, build_model, prompts, yes_reward  # noqa: E402
 
 PHASES = {  # phase -> (module, attribute) wrapped with a timer
     "sampling": ("grpo.rollout.engines", "TransformersEngine.sample"),
+    "sampling (lean)": ("grpo.rollout.lean", "LeanEngine.sample"),
     "scoring (all passes)": (
         "grpo.policies.causal_lm",
         "CausalLMPolicy.get_token_log_probabilities",
@@ -54,6 +55,7 @@ def main() -> None:
     from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
     from grpo.policies.sampling import GenerationSettings
     from grpo.rewards.combine import TextReward
+    from grpo.rollout import ENGINE_NAMES, RolloutSettings
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="small", choices=sorted(MODEL_SIZES))
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--engine", default="transformers", choices=ENGINE_NAMES)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     totals: dict[str, float] = defaultdict(float)
@@ -77,7 +80,10 @@ def main() -> None:
         settings = CausalLMSettings(
             generation=generation, micro_batch_size=N, compute_entropy=False
         )
-        policy = CausalLMPolicy.from_pretrained(str(model_dir), settings, dtype="float32")
+        rollout = RolloutSettings(engine=args.engine)
+        policy = CausalLMPolicy.from_pretrained(
+            str(model_dir), settings, dtype="float32", rollout=rollout
+        )
     config = GRPOConfig(group_size=args.G, batch_size=N, num_epochs_per_update=1, kl_coeff=0.0)
     config.entropy_coeff = 0.0
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-5, weight_decay=0.0)

@@ -4,8 +4,10 @@
     python bench/scaling.py --steps 1  # quicker, noisier
 
 One axis varies at a time around the base workload (small model, G=4,
-T=32); each point is a fresh subprocess (`grpo_vs_trl.run_once`) with one
-warm-up and `--steps` timed optimizer steps; the median is reported.
+T=32); each point runs both rollout engines, "grpo" (transformers `generate`)
+and "grpo_lean" (the lean loop), one after the other, each in a fresh
+subprocess (`grpo_vs_trl.run_once`) with one warm-up and `--steps` timed
+optimizer steps; the median is reported.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import MODEL_SIZES, build_model  # noqa: E402
-from grpo_vs_trl import run_once  # noqa: E402
+from grpo_vs_trl import OURS, run_once  # noqa: E402
 
 BASE = {"model": "small", "G": 4, "T": 32}
 AXES = {"G": (2, 4, 8), "T": (16, 32, 64), "model": ("small", "medium", "large")}
@@ -44,18 +46,22 @@ def main() -> None:
             argv = ["--model", point["model"], "-B", str(args.B), "-G", str(point["G"])]
             argv += ["-T", str(point["T"]), "--steps", str(args.steps)]
             argv += ["--threads", str(args.threads)]
-            record = run_once("grpo", model_dir, argv)
-            step_s = statistics.median(record["step_s"])
-            tokens = statistics.mean(record["tokens"])
+            records = {name: run_once(name, model_dir, argv) for name in OURS}
+            step_s = {name: statistics.median(r["step_s"]) for name, r in records.items()}
+            tokens = statistics.mean(records["grpo"]["tokens"])
             rows.append((point, step_s, tokens))
-            print(point, f"{step_s:.3f} s/step", flush=True)
-    print("| model (hidden x layers) | G | T | N = B x G | s/step | tokens/step | tokens/s |")
-    print("|---|---|---|---|---|---|---|")
+            print(point, {name: f"{s:.3f} s/step" for name, s in step_s.items()}, flush=True)
+    print(
+        "| model (hidden x layers) | G | T | N = B x G | tokens/step | s/step, generate "
+        "| s/step, lean | lean / generate |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for point, step_s, tokens in rows:
         hidden, _, layers, _, _ = MODEL_SIZES[point["model"]]
         print(
             f"| {point['model']} ({hidden} x {layers}) | {point['G']} | {point['T']} | "
-            f"{args.B * point['G']} | {step_s:.3f} | {tokens:.0f} | {tokens / step_s:.0f} |"
+            f"{args.B * point['G']} | {tokens:.0f} | {step_s['grpo']:.3f} | "
+            f"{step_s['grpo_lean']:.3f} | {step_s['grpo_lean'] / step_s['grpo']:.2f} |"
         )
 
 

@@ -7,12 +7,16 @@ all its rows until its last one ends, so this sets the generation and scoring
 work), the resident memory after setup and the peak resident memory.
 
 - "grpo": `GRPOTrainer.train_step` with a `CausalLMPolicy` and a `TextReward`.
+- "grpo_lean": the same with the lean rollout engine (`grpo.rollout.lean`).
 - "trl": TRL's `GRPOTrainer.train()`; a step is the time between two
   `on_step_end` callbacks (generation, scoring, loss, backward, optimizer).
 - "bare": the model compute alone for the same tokens: a plain KV-cache
   sampling loop of exactly T new tokens, one forward and backward of the
   policy-gradient loss on them, one optimizer step. No rewards, no masks, no
   checks: the floor that framework overhead is measured against.
+- "bare_lean": the same, sampling through `grpo.rollout.lean.LeanDecoder.decode`
+  alone (the lean loop's model compute, with no policy around it): the floor
+  for "grpo_lean".
 """
 
 from __future__ import annotations
@@ -32,16 +36,20 @@ def _rss_mib() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def run_grpo(model_dir: Path, work: Workload) -> dict:
+def run_grpo(model_dir: Path, work: Workload, engine: str = "transformers") -> dict:
     from grpo import GRPOConfig, GRPOTrainer
     from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
     from grpo.policies.sampling import GenerationSettings
     from grpo.rewards.combine import TextReward
+    from grpo.rollout import RolloutSettings
 
     N = work.prompts * work.group_size
     generation = GenerationSettings(max_new_tokens=work.max_new_tokens, temperature=1.0, seed=0)
     settings = CausalLMSettings(generation=generation, micro_batch_size=N, compute_entropy=False)
-    policy = CausalLMPolicy.from_pretrained(str(model_dir), settings, dtype="float32")
+    rollout = RolloutSettings(engine=engine)
+    policy = CausalLMPolicy.from_pretrained(
+        str(model_dir), settings, dtype="float32", rollout=rollout
+    )
     config = GRPOConfig(
         group_size=work.group_size,
         batch_size=N,
@@ -95,7 +103,7 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
     return _record(times, [length * N for length in lengths], longest, setup_rss)
 
 
-def run_bare(model_dir: Path, work: Workload) -> dict:
+def run_bare(model_dir: Path, work: Workload, lean: bool = False) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -112,21 +120,24 @@ def run_bare(model_dir: Path, work: Workload) -> dict:
         tokenizer.padding_side = "left"
         enc = tokenizer(batch, return_tensors="pt", padding=True)
         start = time.perf_counter()
-        with torch.no_grad():  # sampling: T steps of one token each, cached keys and values
-            model.eval()
-            cache, ids, mask = DynamicCache(), enc["input_ids"], enc["attention_mask"]
-            position = (mask.cumsum(-1) - 1).clamp(min=0)
-            new = []
-            for _ in range(T):
-                out = model(
-                    input_ids=ids, attention_mask=mask, position_ids=position,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1,
-                )  # fmt: skip
-                ids = torch.multinomial(out.logits[:, -1].softmax(-1), 1)  # (N, 1)
-                new.append(ids)
-                mask = torch.cat([mask, torch.ones_like(ids)], 1)
-                position = position[:, -1:] + 1
-        completion = torch.cat(new, 1)  # (N, T)
+        model.eval()
+        with torch.no_grad():
+            if lean:  # sampling: the lean loop alone, exactly T tokens (no EOS)
+                completion = torch.tensor(_lean_sample(model, enc, T))  # (N, T)
+            else:  # sampling: T steps of one token each, cached keys and values
+                cache, ids, mask = DynamicCache(), enc["input_ids"], enc["attention_mask"]
+                position = (mask.cumsum(-1) - 1).clamp(min=0)
+                new = []
+                for _ in range(T):
+                    out = model(
+                        input_ids=ids, attention_mask=mask, position_ids=position,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1,
+                    )  # fmt: skip
+                    ids = torch.multinomial(out.logits[:, -1].softmax(-1), 1)  # (N, 1)
+                    new.append(ids)
+                    mask = torch.cat([mask, torch.ones_like(ids)], 1)
+                    position = position[:, -1:] + 1
+                completion = torch.cat(new, 1)  # (N, T)
         model.train()
         full = torch.cat([enc["input_ids"], completion], 1)  # (N, P+T)
         full_mask = torch.cat([enc["attention_mask"], torch.ones_like(completion)], 1)
@@ -143,6 +154,14 @@ def run_bare(model_dir: Path, work: Workload) -> dict:
     return _record(times, tokens, decode, setup_rss)
 
 
+def _lean_sample(model, enc, T: int) -> list[list[int]]:
+    from grpo.policies.sampling import GenerationSettings
+    from grpo.rollout.lean import LeanDecoder
+
+    settings = GenerationSettings(max_new_tokens=T, temperature=1.0)
+    return LeanDecoder(model).decode(enc["input_ids"], enc["attention_mask"], settings, ())
+
+
 def _record(times: list[float], tokens: list[float], decode: list[float], setup_rss: float) -> dict:
     """Drops the warm-up step (the first); the rest are the timed steps."""
     return {
@@ -150,8 +169,14 @@ def _record(times: list[float], tokens: list[float], decode: list[float], setup_
         "tokens": tokens[1:],
         "decode_steps": decode[1:],
         "setup_rss_mib": setup_rss,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": max(peak_rss_mib(), _rss_mib()),  # ru_maxrss can lag the current RSS
     }
 
 
-WORKERS = {"grpo": run_grpo, "trl": run_trl, "bare": run_bare}
+WORKERS = {
+    "grpo": run_grpo,
+    "grpo_lean": lambda model_dir, work: run_grpo(model_dir, work, engine="lean"),
+    "trl": run_trl,
+    "bare": run_bare,
+    "bare_lean": lambda model_dir, work: run_bare(model_dir, work, lean=True),
+}

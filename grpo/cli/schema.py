@@ -12,7 +12,7 @@ and meaning; it is generated from this module and the dataclasses it uses.
     policy:    {generation: {max_new_tokens: 5}, ...}    # CausalLMSettings
     schedule:  {num_steps: 500, learning_rate: 5.0e-4}   # ScheduleConfig
     evaluation: {every: 100, modes: [greedy]}            # EvalConfig
-    rollout:   {engine: transformers}                     # or vllm (one GPU)
+    rollout:   {engine: transformers}                     # or lean (CPU), vllm (one GPU)
     run:       {dir: runs/demo, checkpoint_every: 50}
     distributed: {strategy: ddp}                          # only under torchrun
 
@@ -201,7 +201,7 @@ class RunConfig:
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
-    """Which engine samples completions: transformers generate, or vLLM sharing the weights."""
+    """Which engine samples completions: transformers generate, a lean decoding loop, or vLLM."""
     run: RunSettings = field(default_factory=RunSettings)
     """Run directory, checkpoints and logging."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)

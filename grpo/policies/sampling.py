@@ -22,7 +22,7 @@ Departures and choices:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "encode_prompt",
     "get_prompt",
     "left_pad",
+    "sample_in_chunks",
     "sample_token_ids",
     "split_completion",
 ]
@@ -68,7 +69,7 @@ class GenerationSettings:
     do_sample: bool = True
     """False = greedy decoding (used for evaluation)."""
     generation_batch_size: int | None = None
-    """Rows (prompt copies) per `generate` call; None = all N rows at once."""
+    """Rows (prompt copies) decoded together; None = all N rows at once."""
     seed: int | None = 0
     """Seed of the first sampling call (each call after it uses the next seed); None = global RNG."""
 
@@ -209,7 +210,30 @@ def sample_token_ids(
         eos_token_id=list(eos_ids),
         **settings.generation_config_kwargs(),
     )
+
+    def decode(ids: Tensor, mask: Tensor) -> list[list[int]]:
+        stop = StoppingCriteriaList()
+        if settings.stop_strings:
+            stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
+        sequences = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
+        )
+        return sequences[:, ids.shape[1] :].tolist()  # (n, <= max_new_tokens)
+
     device = next(model.parameters()).device
+    return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)
+
+
+def sample_in_chunks(
+    prompt_rows: Sequence[Sequence[int]],
+    settings: GenerationSettings,
+    seed: int | None,
+    pad_id: int,
+    device: torch.device,
+    decode: Callable[[Tensor, Tensor], list[list[int]]],
+) -> list[list[int]]:
+    """Run `decode(ids (n, L), attention_mask (n, L))` on left-padded chunks of at most
+    `generation_batch_size` rows, under a forked RNG seeded with `seed` -> new ids per row."""
     step = settings.generation_batch_size or len(prompt_rows)
     devices = [device] if device.type == "cuda" else []
     out: list[list[int]] = []
@@ -217,17 +241,8 @@ def sample_token_ids(
         if seed is not None:
             torch.manual_seed(seed)
         for start in range(0, len(prompt_rows), step):
-            ids, mask = left_pad(prompt_rows[start : start + step], tokenizer.pad_token_id)
-            stop = StoppingCriteriaList()
-            if settings.stop_strings:
-                stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
-            sequences = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                generation_config=config,
-                stopping_criteria=stop,
-            )
-            out.extend(sequences[:, ids.shape[1] :].tolist())  # (n, <= max_new_tokens)
+            ids, mask = left_pad(prompt_rows[start : start + step], pad_id)
+            out.extend(decode(ids.to(device), mask.to(device)))
     return out
 
 

@@ -9,6 +9,8 @@ so completion masks do not depend on it.
 Engines, by name (`ROLLOUT_ENGINES`):
 - "transformers": the trainer's model samples with `generate` (seed 001: eval
   mode, no_grad, the previous mode restored); see `grpo.policies.sampling`.
+- "lean": the trainer's model samples through a decoding loop over its own
+  layers (Llama-family models); see `grpo.rollout.lean`.
 - "vllm": an in-process vLLM engine computing with the trainer's weights
   (seed 003); see `grpo.rollout.vllm`.
 """
@@ -60,7 +62,10 @@ class RolloutEngine(Protocol):
 
 
 class TransformersEngine:
-    """Samples with the trainer's model itself (`transformers` `generate`)."""
+    """Samples with the trainer's model itself (`transformers` `generate`).
+
+    Subclasses that also sample with the trainer's model change `_token_ids` only.
+    """
 
     tis_cap = None  # the sampler is the scorer: nothing to correct
     samples_with_scorer = True
@@ -80,12 +85,26 @@ class TransformersEngine:
         self.model.eval()  # seed 001: no dropout noise in the behaviour policy
         try:
             with torch.no_grad():
-                ids = sample_token_ids(
-                    self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed
-                )
+                ids = self._token_ids(prompt_rows, settings, eos_ids, seed)
         finally:
             self.model.train(was_training)
         return Samples(ids, None)
+
+    def _token_ids(
+        self,
+        prompt_rows: Sequence[Sequence[int]],
+        settings: GenerationSettings,
+        eos_ids: list[int],
+        seed: int | None,
+    ) -> list[list[int]]:
+        """New ids per row (eval mode, no_grad) -> (n, <= max_new_tokens)."""
+        return sample_token_ids(self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed)
+
+
+def _lean_engine(model: nn.Module, tokenizer: Any, rollout: RolloutSettings) -> RolloutEngine:
+    from grpo.rollout.lean import LeanEngine  # imported here: it subclasses TransformersEngine
+
+    return LeanEngine(model, tokenizer)
 
 
 def _vllm_engine(model: nn.Module, tokenizer: Any, rollout: RolloutSettings) -> RolloutEngine:
@@ -96,6 +115,7 @@ def _vllm_engine(model: nn.Module, tokenizer: Any, rollout: RolloutSettings) -> 
 
 ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, Any, RolloutSettings], RolloutEngine]] = {
     "transformers": lambda model, tokenizer, rollout: TransformersEngine(model, tokenizer),
+    "lean": _lean_engine,
     "vllm": _vllm_engine,
 }
 """engine name -> constructor(model, tokenizer, rollout settings)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["ENGINE_NAMES", "VLLM_DTYPES", "WEIGHT_SYNCS", "RolloutSettings", "VLLMSettings"]
 
-ENGINE_NAMES = ("transformers", "vllm")
+ENGINE_NAMES = ("transformers", "lean", "vllm")
 WEIGHT_SYNCS = ("auto", "shared", "load_weights")
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -107,8 +107,10 @@ class RolloutSettings:
     """Which engine samples the policy's completions."""
 
     engine: str = "transformers"
-    """"transformers" (the trainer's model samples with `generate`) or "vllm" (an in-process
-    vLLM engine sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU)."""
+    """"transformers" (the trainer's model samples with `generate`), "lean" (the trainer's
+    model samples through a lean decoding loop over its own layers: Llama, Mistral, Qwen2 and
+    Qwen3 models, faster than `generate` on a CPU), or "vllm" (an in-process vLLM engine
+    sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU)."""
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
     """Settings of the vLLM engine (used when engine is "vllm")."""
 

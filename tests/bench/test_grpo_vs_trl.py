@@ -47,16 +47,23 @@ def test_summary_ratio_and_overhead_follow_the_records():
 
     records = {
         "grpo": record([1.0, 3.0], [10, 10], [4, 4], 1, 4),
+        "grpo_lean": record([1.0, 1.0], [10, 10], [4, 4], 1, 4),
         "trl": record([4.0, 4.0], [10, 10], [4, 4], 2, 8),
         "bare": record([1.0, 1.0], [16, 16], [2, 2], 1, 2),
+        "bare_lean": record([0.125, 0.125], [16, 16], [2, 2], 1, 2),
     }
     summary = {name: grpo_vs_trl.summarise(r) for name, r in records.items()}
     grpo_vs_trl.compare(summary)
     assert summary["grpo"]["step_s"] == 2.0 and summary["grpo"]["tokens_per_s"] == 5.0
     assert summary["grpo/trl"] == 0.5
     assert summary["grpo/bare per decoding step - 1"] == pytest.approx(0.0)  # 0.5 s each
+    assert summary["grpo_lean/trl"] == 0.25
+    # each engine against its own floor: 0.25 s vs 0.0625 s per decoding step
+    assert summary["grpo_lean/bare_lean per decoding step - 1"] == pytest.approx(3.0)
+    assert "grpo_lean/bare per decoding step - 1" not in summary
     assert summary["trl"]["step_rss_mib"] == 6
     assert "| grpo | 2.000 |" in grpo_vs_trl.table(summary)
+    assert "grpo_lean/trl: 0.250" in grpo_vs_trl.table(summary)
 
 
 def test_script_runs_end_to_end(model_dir, tmp_path):

@@ -41,7 +41,10 @@ REJECTED = [
     ("preset: ppo", "preset: got 'ppo'; allowed: grpo, dr_grpo, dapo, reinforce, chess"),
     ("evaluation: {modes: [beam]}", "evaluation.modes: got 'beam'"),
     ("unknown_section: {a: 1}", "unknown key unknown_section; allowed keys: preset, model"),
-    ("rollout: {engine: sglang}", "rollout.engine: got 'sglang'; allowed: transformers, vllm"),
+    (
+        "rollout: {engine: sglang}",
+        "rollout.engine: got 'sglang'; allowed: transformers, lean, vllm",
+    ),
     ("rollout: {vllm: {tis_cap: 0.5}}", "rollout.vllm.tis_cap: got 0.5"),
     (
         "policy: {chunked_output_layer: true}\ndistributed: {strategy: fsdp2}",

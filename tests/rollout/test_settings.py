@@ -48,7 +48,7 @@ def test_vllm_settings_name_the_bad_field(field, value, match):
 def test_engine_name_is_checked():
     """An unknown engine is named with the allowed ones."""
     with pytest.raises(
-        ValueError, match=r"rollout\.engine: got 'sglang'; allowed: transformers, vllm"
+        ValueError, match=r"rollout\.engine: got 'sglang'; allowed: transformers, lean, vllm"
     ):
         RolloutSettings(engine="sglang")
 

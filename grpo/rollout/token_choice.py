@@ -1,0 +1,45 @@
+"""Choosing the next token from a row of logits: greedy, or sampled with temperature, top-k, top-p.
+
+Pure functions used by the lean decoding loop (`grpo.rollout.lean`); they
+apply the same warpers, in the same order, as transformers' `generate` with the
+settings `GenerationSettings` passes it: temperature, then top-k, then top-p
+(nucleus sampling, Holtzman et al. 2020: keep the smallest set of most likely
+tokens whose probability reaches p).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["choose_tokens", "filter_logits"]
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf every token outside the top k and outside the top-p nucleus -> (n, V).
+
+    logits: (n, V) already divided by the temperature. top_k = 0 keeps all; ties
+    with the k-th value are kept. top_p = 1 keeps all; the most likely token is
+    always kept.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (n, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ascending, order = torch.sort(logits, dim=-1)  # (n, V) least likely first
+        mass_below = ascending.softmax(-1).cumsum(-1)  # (n, V) mass of this token and all below
+        drop = mass_below <= 1.0 - top_p  # (n, V) the rest still holds at least top_p
+        drop[..., -1] = False
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def choose_tokens(
+    logits: Tensor, do_sample: bool, temperature: float, top_k: int, top_p: float
+) -> Tensor:
+    """Next token of each row: logits (n, V) -> ids (n,). Sampling draws from the global RNG."""
+    logits = logits.float()
+    if not do_sample:
+        return logits.argmax(-1)  # (n,)
+    probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)  # (n, V)
+    return torch.multinomial(probs, 1).squeeze(-1)  # (n,)

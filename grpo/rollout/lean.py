@@ -137,13 +137,14 @@ class LeanDecoder:
         settings: GenerationSettings,
         eos_ids: Sequence[int],
         stopped: Any = None,
+        logits_out: list[Tensor] | None = None,
     ) -> list[list[int]]:
         """New tokens of left-padded rows ids (n, P), mask (n, P) -> n rows of <= T ids.
 
         A row ends after an EOS id, or when `stopped(row_index, new_ids)` says so.
+        `logits_out`, if given, receives each step's logits (rows still decoding, V).
         """
-        n, P = ids.shape
-        T = settings.max_new_tokens
+        P, T = ids.shape[1], settings.max_new_tokens
         self.check_length(P + T)
         dtype, device = self.lm_head.weight.dtype, ids.device
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, P) left padding shifts nothing
@@ -151,7 +152,7 @@ class LeanDecoder:
         positions = torch.cat([positions, positions[:, -1:] + steps], 1)  # (n, P + T)
         cos, sin = self.rotary(positions, dtype)  # (n, P + T, D)
         with torch.inference_mode():  # nothing made from here on is ever used with autograd
-            return self._run(ids, mask, cos, sin, settings, eos_ids, stopped)
+            return self._run(ids, mask, cos, sin, settings, eos_ids, stopped, logits_out)
 
     def _run(
         self,
@@ -162,6 +163,7 @@ class LeanDecoder:
         settings: GenerationSettings,
         eos_ids: Sequence[int],
         stopped: Any,
+        logits_out: list[Tensor] | None,
     ) -> list[list[int]]:
         """`decode` once the rotary angles cos, sin (n, P + T, D) are known."""
         (n, P), T = ids.shape, settings.max_new_tokens
@@ -177,6 +179,8 @@ class LeanDecoder:
         rows = list(range(n))  # original index of each row still decoding
         new: list[list[int]] = [[] for _ in range(n)]
         for t in range(T):
+            if logits_out is not None:
+                logits_out.append(logits)
             token = choose_tokens(
                 logits, settings.do_sample, settings.temperature, settings.top_k, settings.top_p
             )  # (r,)
@@ -210,23 +214,12 @@ class LeanDecoder:
         ids = torch.tensor([list(probe)], device=self.lm_head.weight.device)  # (1, P)
         P = ids.shape[1]
         settings = GenerationSettings(max_new_tokens=new + 1, do_sample=False)
-        tokens = self.decode(ids, torch.ones_like(ids), settings, eos_ids=())[0]
+        got: list[Tensor] = []  # (1, V) per step: after the prompt, then after each new token
+        tokens = self.decode(ids, torch.ones_like(ids), settings, (), logits_out=got)[0]
         full = torch.cat([ids, torch.tensor([tokens], device=ids.device)], 1)  # (1, P + new + 1)
         want = model(input_ids=full[:, :-1]).logits[0, P - 1 :].float()  # (new + 1, V)
         dtype = self.lm_head.weight.dtype
-        cache = self.new_cache(1, P + new, dtype, ids.device)
-        positions = torch.arange(P + new, device=ids.device)[None]  # (1, P + new)
-        cos, sin = self.rotary(positions, dtype)
-        got = []
-        for column in range(P - 1, P + new):  # prefill up to P - 1, then one token at a time
-            start = 0 if column == P - 1 else column
-            attend = torch.ones(1, 1, column + 1 - start, column + 1, dtype=torch.bool)
-            attend = attend.tril(diagonal=start).to(ids.device)
-            got.append(
-                self.step(full[:, start : column + 1], cos[:, start : column + 1],
-                          sin[:, start : column + 1], cache, start, attend).float()[0]
-            )  # fmt: skip
-        gap = ((torch.stack(got) - want).abs().max() / (want.abs().max() + 1)).item()
+        gap = ((torch.cat(got).float() - want).abs().max() / (want.abs().max() + 1)).item()
         tolerance = _CHECK_TOLERANCE.get(dtype, _HALF_TOLERANCE)
         if not gap <= tolerance:
             raise RuntimeError(
@@ -261,13 +254,9 @@ class LeanEngine(TransformersEngine):
             settings,
             seed,
             self.tokenizer.pad_token_id,
-            self.lm_device,
+            self.decoder.lm_head.weight.device,
             lambda ids, mask: self._decode(ids, mask, settings, eos_ids),
         )
-
-    @property
-    def lm_device(self) -> torch.device:
-        return self.decoder.lm_head.weight.device
 
     def _decode(
         self, ids: Tensor, mask: Tensor, settings: GenerationSettings, eos_ids: list[int]

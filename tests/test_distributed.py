@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 from toy_models import FunctionReward
@@ -128,18 +127,16 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     assert distributed.init_from_env("gloo")  # CPU, even where CUDA exists
-    try:
-        out_dir = Path(out)
-        for name in SCENARIOS:
-            trainer = make_trainer(name, policy_seed=rank)  # rank 0's weights must win
-            run_steps(trainer, 0, STEPS, out_dir / f"{name}.ckpt")
-            params = full_params(trainer)
-            if rank == 0:
-                torch.save({"params": params, "history": trainer.history}, out_dir / f"{name}.pt")
-        _resume_single_checkpoint(rank, out_dir)
-        _batch_scale_advantages(rank, out_dir)
-    finally:
-        dist.destroy_process_group()
+    out_dir = Path(out)
+    for name in SCENARIOS:
+        trainer = make_trainer(name, policy_seed=rank)  # rank 0's weights must win
+        run_steps(trainer, 0, STEPS, out_dir / f"{name}.ckpt")
+        params = full_params(trainer)
+        if rank == 0:
+            torch.save({"params": params, "history": trainer.history}, out_dir / f"{name}.pt")
+    _resume_single_checkpoint(rank, out_dir)
+    _batch_scale_advantages(rank, out_dir)
+    distributed.shutdown()  # an error above ends this process; spawn then stops the other
 
 
 def _resume_single_checkpoint(rank: int, out_dir: Path) -> None:
@@ -251,21 +248,17 @@ def _lm_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> No
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     distributed.init_from_env("gloo")
-    try:
-        model, tokenizer = load_tiny_causal_lm(model_dir)
-        generation = GenerationSettings(max_new_tokens=4, seed=100 * rank)
-        # micro-batches of 2: several forward passes per mini-batch on one rank
-        policy = CausalLMPolicy(model, tokenizer, CausalLMSettings(generation, micro_batch_size=2))
-        config = GRPOConfig(group_size=2, batch_size=3, num_epochs_per_update=1, learning_rate=1e-2)
-        trainer = GRPOTrainer(
-            policy, FunctionReward(lambda s, a: float(len(a.text))), config=config
-        )
-        for _ in range(2):
-            trainer.train_step(["a b", "say yes", "count c", "red blue"])
-        params = {k: v.detach().clone() for k, v in policy.get_parameters().items()}
-        torch.save(params, Path(out) / f"lm_rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model, tokenizer = load_tiny_causal_lm(model_dir)
+    generation = GenerationSettings(max_new_tokens=4, seed=100 * rank)
+    # micro-batches of 2: several forward passes per mini-batch on one rank
+    policy = CausalLMPolicy(model, tokenizer, CausalLMSettings(generation, micro_batch_size=2))
+    config = GRPOConfig(group_size=2, batch_size=3, num_epochs_per_update=1, learning_rate=1e-2)
+    trainer = GRPOTrainer(policy, FunctionReward(lambda s, a: float(len(a.text))), config=config)
+    for _ in range(2):
+        trainer.train_step(["a b", "say yes", "count c", "red blue"])
+    params = {k: v.detach().clone() for k, v in policy.get_parameters().items()}
+    torch.save(params, Path(out) / f"lm_rank{rank}.pt")
+    distributed.shutdown()
 
 
 def test_ddp_keeps_causal_lm_replicas_identical(tiny_lm_dir, tmp_path):

@@ -78,6 +78,7 @@ def _table(before: dict[str, float], after: dict[str, float], headline: Sequence
 
 
 def _train(args: argparse.Namespace) -> int:
+    from grpo import distributed
     from grpo.cli.config_files import load_config
     from grpo.cli.structured import ConfigError
     from grpo.cli.train import train
@@ -95,6 +96,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         config = load_config(args.config, args.set)
     summary = train(config, resume=args.resume is not None)
+    distributed.shutdown()  # under torchrun: every rank leaves the group together
     if summary:
         print(_table(summary["before"], summary["after"], summary["headline"]))
         print(

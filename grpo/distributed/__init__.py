@@ -42,6 +42,7 @@ from grpo.distributed.process_group import (
     rank,
     scalar,
     shard_bounds,
+    shutdown,
     world_size,
 )
 
@@ -56,5 +57,6 @@ __all__ = [
     "rank",
     "scalar",
     "shard_bounds",
+    "shutdown",
     "world_size",
 ]

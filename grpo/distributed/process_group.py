@@ -20,6 +20,7 @@ __all__ = [
     "init_from_env",
     "is_main_process",
     "rank",
+    "shutdown",
     "scalar",
     "shard_bounds",
     "world_size",
@@ -64,6 +65,15 @@ def is_main_process() -> bool:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def shutdown() -> None:
+    """Leave the process group at the end of a run (a no-op without one): a barrier first, so
+    no rank tears its group down while a peer's last collective is still in flight, then
+    `destroy_process_group`, so no communication thread is left for interpreter exit."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def collective_device() -> torch.device:

@@ -25,10 +25,10 @@ import torch  # noqa: E402
 from common import MODEL_SIZES, build_model, prompts, yes_reward  # noqa: E402
 
 PHASES = {  # phase -> (module, attribute) wrapped with a timer
-    "sampling": ("grpo.rollout.engines", "TransformersEngine.sample"),
-    "sampling (lean)": ("grpo.rollout.lean", "LeanEngine.sample"),
+    "sampling": ("grpo.lm.engines.base", "TransformersEngine.sample"),
+    "sampling (lean)": ("grpo.lm.engines.lean", "LeanEngine.sample"),
     "scoring (all passes)": (
-        "grpo.policies.causal_lm",
+        "grpo.lm.policy",
         "CausalLMPolicy.get_token_log_probabilities",
     ),
     "rewards": ("grpo.rewards.combine", "TextReward.compute_rewards"),
@@ -52,10 +52,10 @@ def main() -> None:
     import importlib
 
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-    from grpo.policies.sampling import GenerationSettings
+    from grpo.lm.engines import ENGINE_NAMES, RolloutSettings
+    from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+    from grpo.lm.sampling import GenerationSettings
     from grpo.rewards.combine import TextReward
-    from grpo.rollout import ENGINE_NAMES, RolloutSettings
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="small", choices=sorted(MODEL_SIZES))

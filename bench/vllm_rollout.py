@@ -90,7 +90,7 @@ def prompts(n: int) -> list[dict]:
 
 
 def generation(max_new_tokens: int = L):
-    from grpo.policies.sampling import GenerationSettings
+    from grpo.lm.sampling import GenerationSettings
 
     return GenerationSettings(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
 
@@ -120,8 +120,8 @@ class PeakMemory:
 
 
 def vllm_policy(folder: Path, weight_sync: str, max_new_tokens: int = L):
-    from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-    from grpo.rollout import RolloutSettings, VLLMSettings
+    from grpo.lm.engines import RolloutSettings, VLLMSettings
+    from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 
     rollout = RolloutSettings(
         engine="vllm",
@@ -136,7 +136,7 @@ def vllm_policy(folder: Path, weight_sync: str, max_new_tokens: int = L):
 def trainer_for(policy, lr: float):
     from grpo.config import GRPOConfig
     from grpo.rewards.combine import TextReward
-    from grpo.trainer import GRPOTrainer
+    from grpo.step.trainer import GRPOTrainer
 
     config = GRPOConfig(group_size=G, batch_size=64, kl_coeff=0.0, entropy_coeff=0.0)
     optimizer = torch.optim.AdamW(policy.get_parameters().values(), lr=lr)
@@ -198,8 +198,8 @@ def part_standalone(folder: Path, eager: bool) -> dict:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from grpo.policies.sampling import encode_prompt
-    from grpo.rollout.vllm import request_seeds, sampling_params_kwargs
+    from grpo.lm.engines.vllm import request_seeds, sampling_params_kwargs
+    from grpo.lm.sampling import encode_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     llm = LLM(

@@ -7,14 +7,14 @@ all its rows until its last one ends, so this sets the generation and scoring
 work), the resident memory after setup and the peak resident memory.
 
 - "grpo": `GRPOTrainer.train_step` with a `CausalLMPolicy` and a `TextReward`.
-- "grpo_lean": the same with the lean rollout engine (`grpo.rollout.lean`).
+- "grpo_lean": the same with the lean rollout engine (`grpo.lm.engines.lean`).
 - "trl": TRL's `GRPOTrainer.train()`; a step is the time between two
   `on_step_end` callbacks (generation, scoring, loss, backward, optimizer).
 - "bare": the model compute alone for the same tokens: a plain KV-cache
   sampling loop of exactly T new tokens, one forward and backward of the
   policy-gradient loss on them, one optimizer step. No rewards, no masks, no
   checks: the floor that framework overhead is measured against.
-- "bare_lean": the same, sampling through `grpo.rollout.lean.LeanDecoder.decode`
+- "bare_lean": the same, sampling through `grpo.lm.engines.lean.LeanDecoder.decode`
   alone (the lean loop's model compute, with no policy around it): the floor
   for "grpo_lean".
 """
@@ -38,10 +38,10 @@ def _rss_mib() -> float:
 
 def run_grpo(model_dir: Path, work: Workload, engine: str = "transformers") -> dict:
     from grpo import GRPOConfig, GRPOTrainer
-    from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-    from grpo.policies.sampling import GenerationSettings
+    from grpo.lm.engines import RolloutSettings
+    from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+    from grpo.lm.sampling import GenerationSettings
     from grpo.rewards.combine import TextReward
-    from grpo.rollout import RolloutSettings
 
     N = work.prompts * work.group_size
     generation = GenerationSettings(max_new_tokens=work.max_new_tokens, temperature=1.0, seed=0)
@@ -155,8 +155,8 @@ def run_bare(model_dir: Path, work: Workload, lean: bool = False) -> dict:
 
 
 def _lean_sample(model, enc, T: int) -> list[list[int]]:
-    from grpo.policies.sampling import GenerationSettings
-    from grpo.rollout.lean import LeanDecoder
+    from grpo.lm.engines.lean import LeanDecoder
+    from grpo.lm.sampling import GenerationSettings
 
     settings = GenerationSettings(max_new_tokens=T, temperature=1.0)
     return LeanDecoder(model).decode(enc["input_ids"], enc["attention_mask"], settings, ())

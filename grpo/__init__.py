@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "GRPOTrainer": "grpo.trainer",
+    "GRPOTrainer": "grpo.step.trainer",
     "GRPOConfig": "grpo.config",
     "PolicyModel": "grpo.protocols",
     "RewardModel": "grpo.protocols",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover - for static type checkers only
         validate_reward_model,
     )
     from grpo.records import ExperienceBatch
-    from grpo.trainer import GRPOTrainer
+    from grpo.step.trainer import GRPOTrainer
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,7 @@ once per generation, so epochs after the first are importance-weighted.
 
 This module adds what is specific to text: loading the model (optionally with
 LoRA), prompt datasets, and held-out evaluation of reward and accuracy (greedy
-and sampled); `grpo.loop.TrainingLoop` runs the schedule, the evaluations at
+and sampled); `grpo.run.loop.TrainingLoop` runs the schedule, the evaluations at
 the start, every `evaluation.every` steps and at the end, and the metrics.
 
 Choices (departures from seed 001 and seed 004's defaults):
@@ -34,9 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.config import GRPOConfig
-from grpo.data import check_prompt_lengths, load_prompts
-from grpo.evaluation import MODES, evaluate
-from grpo.loop import (
+from grpo.lm.engines import RolloutSettings
+from grpo.lm.loading import LoraSettings, is_peft_model
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.rewards.combine import TextReward
+from grpo.run.data import check_prompt_lengths, load_prompts
+from grpo.run.evaluation import MODES, evaluate
+from grpo.run.loop import (
     SCHEDULERS,
     ScheduleConfig,
     StateSampler,
@@ -44,11 +48,7 @@ from grpo.loop import (
     check_int,
     make_optimizer,
 )
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.loading import LoraSettings, is_peft_model
-from grpo.rewards.combine import TextReward
-from grpo.rollout import RolloutSettings
-from grpo.trainer import GRPOTrainer
+from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["EvalConfig", "ScheduleConfig", "TextGRPOConfig", "TextGRPOTrainer", "SCHEDULERS"]
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo.advantage_estimator import AdvantageEstimator
 from grpo.records import ExperienceBatch
+from grpo.step.advantages import AdvantageEstimator
 
 
 def _batch(reward_groups):

@@ -1,4 +1,4 @@
-"""Tests for grpo.data: loading and validating prompt datasets, drawing prompt batches."""
+"""Tests for grpo.run.data: loading and validating prompt datasets, drawing prompt batches."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import datasets
 import pytest
 from tiny_models import load_tiny_causal_lm
 
-from grpo.data import check_prompt_lengths, load_prompts
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.sampling import GenerationSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
+from grpo.run.data import check_prompt_lengths, load_prompts
 
 ROWS = [
     {"prompt": "say a", "answer": "a"},

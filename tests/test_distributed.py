@@ -22,12 +22,12 @@ from torch import Tensor, nn
 from toy_models import FunctionReward
 
 from grpo import distributed
-from grpo.advantage_estimator import AdvantageEstimator
 from grpo.config import GRPOConfig
 from grpo.distributed import DistributedConfig
 from grpo.protocols import TokenLogProbs
 from grpo.records import ExperienceBatch
-from grpo.trainer import GRPOTrainer
+from grpo.step.advantages import AdvantageEstimator
+from grpo.step.trainer import GRPOTrainer
 
 NUM_ROWS, LENGTH, VOCAB, EOS = 8, 4, 5, 0
 S, G, STEPS = 4, 3, 3  # global states per step, group size, steps per run
@@ -241,8 +241,8 @@ def _lm_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> No
     """2 DDP steps of a tiny causal LM (each rank samples with its own seed)."""
     from tiny_models import load_tiny_causal_lm
 
-    from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-    from grpo.policies.sampling import GenerationSettings
+    from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+    from grpo.lm.sampling import GenerationSettings
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))

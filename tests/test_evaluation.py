@@ -1,14 +1,14 @@
-"""Tests for grpo.evaluation: held-out reward and accuracy, greedy and sampled."""
+"""Tests for grpo.run.evaluation: held-out reward and accuracy, greedy and sampled."""
 
 from __future__ import annotations
 
 import pytest
 from tiny_models import load_tiny_causal_lm
 
-from grpo.evaluation import evaluate
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.sampling import GenerationSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
 from grpo.rewards.combine import TextReward
+from grpo.run.evaluation import evaluate
 
 PROMPTS = [
     {"prompt": p, "target": t} for p, t in [("say a", "a"), ("say b", "b"), ("count c", "c")]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from grpo.cli.config_files import load_config
-from grpo.cli.train import train
+from grpo.cli.tasks import build_task
+from grpo.run.config_files import load_config
+from grpo.run.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ def test_small_fill_in_run_raises_held_out_judge_score(tmp_path, monkeypatch):
         "schedule.num_steps=40", "schedule.learning_rate=2e-3", "prompts_per_step=8",
         "grpo.batch_size=32", "evaluation.every=20", "run.checkpoint_every=20", "run.threads=2",
     ])  # fmt: skip
-    summary = train(config)
+    summary = train(config, build_task)
     before, after = summary["before"], summary["after"]
     assert after["eval/judge"] > before["eval/judge"] + 0.05, summary
     assert before["eval/kl"] == 0.0 and after["eval/kl"] > 0.0

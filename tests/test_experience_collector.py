@@ -6,7 +6,7 @@ import pytest
 import torch
 from toy_models import FunctionReward, SequencePolicy, TablePolicy, best_arm_reward
 
-from grpo.experience_collector import ExperienceCollector
+from grpo.step.collect import ExperienceCollector
 
 
 def test_groups_are_state_major_and_aligned():

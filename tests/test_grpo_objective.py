@@ -7,9 +7,9 @@ import pytest
 import torch
 from toy_models import SequencePolicy, TablePolicy, token_count_reward
 
-from grpo.experience_collector import ExperienceCollector
-from grpo.grpo_objective import GRPOObjective
 from grpo.records import ExperienceBatch
+from grpo.step.collect import ExperienceCollector
+from grpo.step.objective import GRPOObjective
 
 STATES = [0, 1, 2]
 ACTIONS = [[0, 2], [1, 1], [2, 0]]  # (B, G) = (3, 2)

@@ -11,10 +11,10 @@ from tiny_models import load_tiny_causal_lm, random_words, supervised_warm_start
 from transformers import AutoModelForCausalLM
 
 from grpo.config import GRPOConfig
+from grpo.lm.loading import LoraSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
 from grpo.lm_training import EvalConfig, ScheduleConfig, TextGRPOConfig, TextGRPOTrainer
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.loading import LoraSettings
-from grpo.policies.sampling import GenerationSettings
 
 CHOICES = ("yes", "no", "red", "blue", "green", "a", "b", "c")  # what the warm start teaches
 

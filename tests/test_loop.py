@@ -1,4 +1,4 @@
-"""Tests for grpo.loop: the state sampler, the schedule, evaluation cadence and exact resume."""
+"""Tests for grpo.run.loop: the state sampler, the schedule, evaluation cadence and exact resume."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from toy_models import SequencePolicy, token_count_reward
 
 from grpo.config import GRPOConfig
-from grpo.loop import ScheduleConfig, StateSampler, TrainingLoop, make_optimizer
-from grpo.trainer import GRPOTrainer
+from grpo.run.loop import ScheduleConfig, StateSampler, TrainingLoop, make_optimizer
+from grpo.step.trainer import GRPOTrainer
 
 TIMING = ("collection_time", "advantage_time")
 
@@ -127,7 +127,7 @@ def test_lr_warms_up_then_decays_and_metrics_reach_the_sink():
 
 def test_progress_sink_prints_evaluations_on_their_own_line():
     """An evaluation record is written as one 'eval at step k' line with its numbers."""
-    from grpo.metrics import ProgressLogger
+    from grpo.run.metrics import ProgressLogger
 
     stream = io.StringIO()
     progress = ProgressLogger(total_steps=2, every=1, stream=stream)

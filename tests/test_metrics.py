@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from grpo.metrics import JsonlLogger, MultiLogger, NullLogger, ProgressLogger, scalar_metrics
-from grpo.plots import plot_run, read_metrics
+from grpo.run.metrics import JsonlLogger, MultiLogger, NullLogger, ProgressLogger, scalar_metrics
+from grpo.run.plots import plot_run, read_metrics
 
 
 def test_scalar_metrics_keeps_numbers_only():
@@ -72,7 +72,7 @@ def test_tensorboard_scalars_read_back(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from grpo.metrics import TensorBoardLogger
+    from grpo.run.metrics import TensorBoardLogger
 
     logger = TensorBoardLogger(tmp_path / "tb")
     logger.log({"reward/mean": 0.25}, step=1)

@@ -7,8 +7,8 @@ import torch
 from tiny_models import load_tiny_causal_lm
 
 from grpo import GRPOConfig, GRPOTrainer
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.sampling import GenerationSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
 
 PROMPTS = [{"prompt": "say yes"}, {"prompt": "count a b"}, {"prompt": "the answer"}]
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a cl
 
 from grpo.envs.agent import PolicyAgent  # noqa: E402
 from grpo.functional.losses import Clip  # noqa: E402
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings  # noqa: E402
-from grpo.policies.sampling import GenerationSettings  # noqa: E402
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings  # noqa: E402
+from grpo.lm.sampling import GenerationSettings  # noqa: E402
 from grpo.rewards.parsers import ParseResult  # noqa: E402
 from grpo.workshop import PARTS, as_token_loss  # noqa: E402
 

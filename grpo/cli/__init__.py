@@ -79,9 +79,10 @@ def _table(before: dict[str, float], after: dict[str, float], headline: Sequence
 
 def _train(args: argparse.Namespace) -> int:
     from grpo import distributed
-    from grpo.cli.config_files import load_config
-    from grpo.cli.structured import ConfigError
-    from grpo.cli.train import train
+    from grpo.cli.tasks import build_task
+    from grpo.run.config_files import load_config
+    from grpo.run.structured import ConfigError
+    from grpo.run.train import train
 
     if args.resume is not None:
         if args.config is not None or args.set:
@@ -95,7 +96,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("train: give a CONFIG.yaml, or --resume RUN_DIR")
     else:
         config = load_config(args.config, args.set)
-    summary = train(config, resume=args.resume is not None)
+    summary = train(config, build_task, resume=args.resume is not None)
     distributed.shutdown()  # under torchrun: every rank leaves the group together
     if summary:
         print(_table(summary["before"], summary["after"], summary["headline"]))
@@ -107,7 +108,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _load_for_model(args: argparse.Namespace) -> Any:
-    from grpo.cli.config_files import load_config
+    from grpo.run.config_files import load_config
 
     overrides = list(args.set)
     if args.model is not None:
@@ -116,9 +117,9 @@ def _load_for_model(args: argparse.Namespace) -> Any:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from grpo.cli.structured import ConfigError
     from grpo.cli.tasks import build_task
-    from grpo.cli.train import seed_everything
+    from grpo.run.structured import ConfigError
+    from grpo.run.train import seed_everything
 
     config = _load_for_model(args)
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
@@ -136,7 +137,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _sample(args: argparse.Namespace) -> int:
     from grpo.cli.tasks import build_task
-    from grpo.cli.train import seed_everything
+    from grpo.run.train import seed_everything
 
     config = _load_for_model(args)
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
@@ -155,7 +156,7 @@ def _sample(args: argparse.Namespace) -> int:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from grpo.cli.presets import PRESETS
+    from grpo.run.presets import PRESETS
 
     for name, preset in PRESETS.items():
         print(f"{name}: {preset.description}")
@@ -181,7 +182,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one `grpo` command; exit status 2 with a one-line message for a bad config."""
-    from grpo.cli.structured import ConfigError
+    from grpo.run.structured import ConfigError
 
     args = _parser().parse_args(argv)
     try:

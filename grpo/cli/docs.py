@@ -16,10 +16,10 @@ import textwrap
 import typing
 from typing import Any
 
-from grpo.cli.config_files import RUN_DEFAULTS
-from grpo.cli.presets import PRESETS
-from grpo.cli.schema import RunConfig
-from grpo.cli.structured import to_dict
+from grpo.run.config import RunConfig
+from grpo.run.config_files import RUN_DEFAULTS
+from grpo.run.presets import PRESETS
+from grpo.run.structured import to_dict
 
 __all__ = ["config_reference", "field_docs"]
 

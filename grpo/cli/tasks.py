@@ -18,59 +18,14 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from grpo.run.config import RunConfig
+from grpo.run.parts import TaskParts, load_policy, text_parts
+from grpo.run.structured import ConfigError
 
-from grpo.cli.schema import RunConfig
-from grpo.cli.structured import ConfigError
-
-__all__ = ["TASKS", "TaskParts", "build_task", "import_object", "load_policy", "resolve_device"]
-
-Evaluator = Callable[[], tuple[dict[str, float], list[dict[str, Any]]]]
-
-
-@dataclass
-class TaskParts:
-    """What a task gives the training loop."""
-
-    policy: Any
-    """The `PolicyModel` to train."""
-    reward: Any
-    """The `RewardModel` scoring its actions."""
-    train_states: Sequence[Any]
-    """States drawn prompts_per_step at a time (reshuffled every pass)."""
-    evaluate: Evaluator | None = None
-    """() -> (held-out metrics "eval/...", a few sample dicts); None = no evaluation."""
-    headline: tuple[str, ...] = ()
-    """Evaluation keys listed first in the before/after table."""
-    save: Callable[[Path], Any] | None = None
-    """Writes the trained model to a folder (Hugging Face format for causal LMs)."""
-    grad_scaler: Any = None
-    """A `torch.amp.GradScaler` for fp16 mixed precision; None = no loss scaling."""
-
-
-def resolve_device(device: str) -> str:
-    """ "auto" -> the GPU of this process when there is one, else the CPU."""
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}"
-    return "cpu"
-
-
-def load_policy(config: RunConfig) -> Any:
-    """The causal-LM policy of `config.model` and `config.policy`."""
-    from grpo.policies.causal_lm import CausalLMPolicy
-
-    m = config.model
-    return CausalLMPolicy.from_pretrained(
-        m.path, config.policy, lora=m.lora, dtype=m.dtype, device=resolve_device(m.device),
-        rollout=config.rollout,
-    )  # fmt: skip
-
+__all__ = ["TASKS", "build_task", "import_object"]
 
 def _options(kind: type, options: dict[str, Any], extra: Sequence[str] = ()) -> tuple[Any, dict]:
     """(kind(**known options), the named extra options); unknown keys are an error."""
@@ -89,31 +44,6 @@ def _options(kind: type, options: dict[str, Any], extra: Sequence[str] = ()) -> 
     return settings, {k: options[k] for k in extra if k in options}
 
 
-def _text_parts(config, policy, reward, train, held_out, accuracy, headline) -> TaskParts:
-    """Parts of a single-turn text task: evaluation as in `grpo.evaluation.evaluate`."""
-    from grpo.data import check_prompt_lengths, load_prompts
-    from grpo.evaluation import evaluate
-
-    train = load_prompts(train, name="train prompts")
-    check_prompt_lengths(train, policy, name="train prompts")
-    held_out = load_prompts(held_out, name="held-out prompts") if held_out else None
-    if held_out:
-        check_prompt_lengths(held_out, policy, name="held-out prompts")
-    e = config.evaluation
-
-    def run_evaluation():
-        return evaluate(
-            policy, held_out, reward, accuracy=accuracy, modes=e.modes,
-            samples_per_prompt=e.samples_per_prompt, batch_size=e.batch_size,
-            num_logged_samples=e.num_logged_samples,
-        )  # fmt: skip
-
-    def save(path: Path) -> None:
-        policy.save_pretrained(str(path), merged=config.model.save_merged)
-
-    return TaskParts(policy, reward, train, run_evaluation if held_out else None, headline, save)
-
-
 def _arithmetic(config: RunConfig) -> TaskParts:
     from grpo.rewards.combine import TextReward
     from grpo.tasks import arithmetic
@@ -125,7 +55,7 @@ def _arithmetic(config: RunConfig) -> TaskParts:
     reward = TextReward({"correct": arithmetic.reward})
     modes = config.evaluation.modes
     headline = tuple(f"eval/{mode}/accuracy" for mode in modes)
-    return _text_parts(
+    return text_parts(
         config, load_policy(config), reward, train, held, arithmetic.reward, headline
     )
 
@@ -140,7 +70,7 @@ def _chess(config: RunConfig) -> TaskParts:
     held = chess.generate_dataset(t.eval_size, split="held_out", seed=0, **plies)
     reward = TextReward({"chess_moves": chess.make_reward(settings)})
     headline = tuple(f"eval/{mode}/reward_mean" for mode in config.evaluation.modes)
-    return _text_parts(config, load_policy(config), reward, train, held, None, headline)
+    return text_parts(config, load_policy(config), reward, train, held, None, headline)
 
 
 def _guess_number(config: RunConfig) -> TaskParts:
@@ -184,7 +114,7 @@ def _prompts(config: RunConfig) -> TaskParts:
         f"eval/{mode}/{'accuracy' if accuracy else 'reward_mean'}"
         for mode in config.evaluation.modes
     )
-    return _text_parts(
+    return text_parts(
         config, load_policy(config), reward, t.train_file, t.eval_file, accuracy, headline
     )
 
@@ -233,6 +163,6 @@ def build_task(config: RunConfig) -> TaskParts:
         raise ConfigError(f"task {name!r}: {err}") from err
     if not isinstance(parts, TaskParts):
         raise ConfigError(
-            f"task.name: {name!r} returned {type(parts).__name__}; allowed: grpo.cli.tasks.TaskParts"
+            f"task.name: {name!r} returned {type(parts).__name__}; allowed: grpo.run.parts.TaskParts"
         )
     return parts

@@ -20,8 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from grpo import checkpoint
 from grpo.distributed.process_group import all_gather, collective_device, shard_bounds
-from grpo.minibatch import accumulate
 from grpo.records import ExperienceBatch
+from grpo.step.minibatch import accumulate
 
 __all__ = ["DataParallel", "DistributedConfig", "accumulate_metrics", "policy_module"]
 

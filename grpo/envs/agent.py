@@ -2,7 +2,7 @@
 
 - `PolicyAgent` answers conversations with a causal-LM policy (any object with
   `generate_actions(states, G)` returning records with `.text` and
-  `.completion_ids`, such as `grpo.policies.causal_lm.CausalLMPolicy`); it
+  `.completion_ids`, such as `grpo.lm.policy.CausalLMPolicy`); it
   reports the sampled token ids, so training uses exactly what was sampled.
 - `EpisodePolicy` turns such a policy and an environment factory into a policy
   for `GRPOTrainer` whose actions are whole episodes (`EpisodeRollout`): each
@@ -103,7 +103,7 @@ class EpisodePolicy:
         self, rollout: EpisodeRollout, index: int = 0
     ) -> tuple[list[Any], list[Any]]:
         """(prompts, completions): one pair per assistant turn, prompts encoded as when sampled."""
-        from grpo.policies.completion import Completion
+        from grpo.lm.completion import Completion
 
         if rollout.action_token_ids is None:
             raise ValueError(

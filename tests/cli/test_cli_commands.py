@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
-from grpo.cli.config_files import load_config
-from grpo.cli.presets import PRESETS
-from grpo.cli.train import build_loop, seed_everything
+from grpo.cli.tasks import build_task
+from grpo.run.config_files import load_config
+from grpo.run.presets import PRESETS
+from grpo.run.train import build_loop, seed_everything
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "grpo" / "assets" / "arith-tiny"
 
@@ -48,7 +49,7 @@ def test_every_preset_builds_a_trainer_and_runs_one_step(tmp_path, wide_model, n
         overrides += [f"model.path={wide_model}", "policy.generation.max_new_tokens=6"]
     config = load_config(write(tmp_path), overrides)
     seed_everything(0, True, 1)
-    loop, parts = build_loop(config)
+    loop, parts = build_loop(config, build_task)
     metrics = loop.train_step()
     epochs = PRESETS[name].values["grpo"].get("num_epochs_per_update", 1)  # text default: 1
     assert metrics["optimizer_steps"] == epochs and metrics["skipped_steps"] == 0
@@ -64,7 +65,7 @@ def test_guess_number_task_trains_through_the_environment_path(tmp_path, wide_mo
         "task.options={high: 4, max_guesses: 2}", "policy.generation.max_new_tokens=3",
     ])  # fmt: skip
     seed_everything(0, True, 1)
-    loop, parts = build_loop(config)
+    loop, parts = build_loop(config, build_task)
     metrics = loop.train_step()
     assert metrics["total_samples"] == 8.0 and metrics["optimizer_steps"] == 1
     episodes = parts.policy.generate_actions(parts.train_states[:1], 2)[0]

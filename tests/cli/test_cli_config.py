@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from grpo.cli import main
-from grpo.cli.config_files import load_config, merged_values, resolved_yaml
-from grpo.cli.presets import PRESETS
-from grpo.cli.structured import ConfigError, from_dict, to_dict
 from grpo.config import GRPOConfig
+from grpo.run.config_files import load_config, merged_values, resolved_yaml
+from grpo.run.presets import PRESETS
+from grpo.run.structured import ConfigError, from_dict, to_dict
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "grpo" / "assets" / "arith-tiny"
 

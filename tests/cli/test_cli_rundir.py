@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from grpo.cli.rundir import RunDirectory, truncate_jsonl
+from grpo.run.rundir import RunDirectory, truncate_jsonl
 
 
 def state(step: int) -> dict:

@@ -10,11 +10,11 @@ from grpo.config import GRPOConfig
 from grpo.envs.agent import EpisodePolicy, EpisodeReward, PolicyAgent
 from grpo.envs.chat_mask import encode_chat, tokenize_with_assistant_mask
 from grpo.envs.rollout import AgentOutput, collect_rollouts
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.sampling import GenerationSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
 from grpo.rewards.parsers import ParseResult
+from grpo.step.trainer import GRPOTrainer
 from grpo.tasks.guess_number import GuessNumberConfig, GuessNumberEnv
-from grpo.trainer import GRPOTrainer
 
 GAME = GuessNumberConfig(low=1, high=4, max_guesses=3)
 

@@ -1,4 +1,4 @@
-"""Tests for grpo.policies.causal_lm (with sampling.py, loading.py, reference.py, completion.py)."""
+"""Tests for grpo.lm.policy (with sampling.py, loading.py, reference.py, completion.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import torch
 from tiny_models import ARCHS, load_tiny_causal_lm
 
 from grpo.config import GRPOConfig
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.completion import Completion
-from grpo.policies.loading import LoraSettings, apply_lora
-from grpo.policies.reference import AdapterDisabledReference
-from grpo.policies.sampling import GenerationSettings, split_completion
+from grpo.lm.completion import Completion
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.reference import AdapterDisabledReference
+from grpo.lm.sampling import GenerationSettings, split_completion
 from grpo.rewards.combine import TextReward
-from grpo.trainer import GRPOTrainer
+from grpo.step.trainer import GRPOTrainer
 
 
 def make_policy(path, temperature=1.0, **settings) -> CausalLMPolicy:

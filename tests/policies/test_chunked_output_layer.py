@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_models import ARCHS, load_tiny_causal_lm
 
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.completion import Completion
-from grpo.policies.loading import LoraSettings, apply_lora
-from grpo.policies.sampling import GenerationSettings
+from grpo.lm.completion import Completion
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
 
 PROMPTS = ["red blue", "green", "yes no yes red"]
 

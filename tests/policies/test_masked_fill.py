@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from grpo.policies.masked_fill import MaskedFillConfig, MaskedFillPolicy, top_p_filter
-from grpo.policies.masked_fill_judge import TokenJudgeReward
+from grpo.masked_fill.judge import TokenJudgeReward
+from grpo.masked_fill.policy import MaskedFillConfig, MaskedFillPolicy, top_p_filter
 
 PAD, MASK = 0, 1
 
@@ -269,7 +269,7 @@ def held_out_score(policy: MaskedFillPolicy, judge: TokenJudgeReward, states) ->
 def test_short_grpo_run_raises_held_out_judge_score_and_freezes_judge_and_reference():
     """GRPOTrainer raises the judge score on held-out inputs; judge and reference never change."""
     from grpo.config import GRPOConfig
-    from grpo.trainer import GRPOTrainer
+    from grpo.step.trainer import GRPOTrainer
 
     torch.manual_seed(0)
     config = MaskedFillConfig(mask_token_id=MASK, suppress_token_ids=(PAD, MASK))

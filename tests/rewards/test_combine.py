@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo.policies.completion import Completion
+from grpo.lm.completion import Completion
 from grpo.protocols import validate_reward_model
 from grpo.rewards.combine import TextReward, split_states
 

@@ -1,4 +1,4 @@
-"""Tests for grpo.rollout.engines and grpo.rollout.mismatch, through `CausalLMPolicy`.
+"""Tests for grpo.lm.engines.base and grpo.lm.engines.mismatch, through `CausalLMPolicy`.
 
 `OffsetEngine` is a second, real engine: it samples with the transformers
 engine and reports, for every sampled token, the trainer's exact log-prob
@@ -14,13 +14,13 @@ import torch
 from tiny_models import load_tiny_causal_lm
 
 from grpo.config import GRPOConfig
-from grpo.experience_collector import ExperienceCollector
-from grpo.grpo_objective import GRPOObjective
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.sampling import GenerationSettings, sample_token_ids, split_completion
+from grpo.lm.engines import RolloutSettings, Samples, TransformersEngine
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings, sample_token_ids, split_completion
 from grpo.rewards.combine import TextReward
-from grpo.rollout import RolloutSettings, Samples, TransformersEngine
-from grpo.trainer import GRPOTrainer
+from grpo.step.collect import ExperienceCollector
+from grpo.step.objective import GRPOObjective
+from grpo.step.trainer import GRPOTrainer
 
 OFFSET = 0.25
 PROMPTS = [{"prompt": "say a"}, {"prompt": "count b c"}]

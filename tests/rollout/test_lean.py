@@ -1,4 +1,4 @@
-"""Tests for the lean rollout engine (grpo.rollout.lean) and its token choice (token_choice).
+"""Tests for the lean rollout engine (grpo.lm.engines.lean) and its token choice (token_choice).
 
 The references are independent: transformers' own logits warpers, `generate`
 with greedy decoding, and a loop without any cache that runs the model's full
@@ -11,14 +11,14 @@ from tiny_models import load_tiny_causal_lm
 from transformers import AutoModelForCausalLM, MistralConfig, TopKLogitsWarper, TopPLogitsWarper
 
 from grpo.config import GRPOConfig
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.loading import LoraSettings, apply_lora
-from grpo.policies.sampling import GenerationSettings, left_pad, sample_token_ids, split_completion
+from grpo.lm.engines import RolloutSettings
+from grpo.lm.engines.lean import LeanDecoder, LeanEngine
+from grpo.lm.engines.token_choice import choose_tokens, filter_logits
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings, left_pad, sample_token_ids, split_completion
 from grpo.rewards.combine import TextReward
-from grpo.rollout import RolloutSettings
-from grpo.rollout.lean import LeanDecoder, LeanEngine
-from grpo.rollout.token_choice import choose_tokens, filter_logits
-from grpo.trainer import GRPOTrainer
+from grpo.step.trainer import GRPOTrainer
 
 PROMPTS = ["say a b c", "count", "one two three four five", "b"]
 NEG = float("-inf")

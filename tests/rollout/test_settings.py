@@ -1,8 +1,8 @@
-"""Tests for grpo.rollout.settings: defaults, validation naming the field, YAML-style mappings."""
+"""Tests for grpo.lm.engines.settings: defaults, validation naming the field, YAML-style mappings."""
 
 import pytest
 
-from grpo.rollout import ENGINE_NAMES, ROLLOUT_ENGINES, RolloutSettings, VLLMSettings
+from grpo.lm.engines import ENGINE_NAMES, ROLLOUT_ENGINES, RolloutSettings, VLLMSettings
 
 
 def test_defaults_keep_the_transformers_engine():

@@ -1,4 +1,4 @@
-"""Tests for grpo.rollout.vllm: request mapping on CPU; the engine itself on a CUDA GPU with vLLM.
+"""Tests for grpo.lm.engines.vllm: request mapping on CPU; the engine itself on a CUDA GPU with vLLM.
 
 The GPU tests build a tiny random-init Qwen2 (vocabulary a multiple of 64,
 head size 64, bfloat16) and run the real engine; elsewhere they are skipped
@@ -16,20 +16,20 @@ from tiny_models import build_tokenizer, load_tiny_causal_lm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
 from grpo.config import GRPOConfig
-from grpo.experience_collector import ExperienceCollector
-from grpo.policies.causal_lm import CausalLMPolicy, CausalLMSettings
-from grpo.policies.loading import LoraSettings, apply_lora
-from grpo.policies.sampling import GenerationSettings
-from grpo.rewards.combine import TextReward
-from grpo.rollout import RolloutSettings, VLLMSettings
-from grpo.rollout.vllm import (
+from grpo.lm.engines import RolloutSettings, VLLMSettings
+from grpo.lm.engines.vllm import (
     _match_names,
     _write_model_folder,
     parse_outputs,
     request_seeds,
     sampling_params_kwargs,
 )
-from grpo.trainer import GRPOTrainer
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
+from grpo.rewards.combine import TextReward
+from grpo.step.collect import ExperienceCollector
+from grpo.step.trainer import GRPOTrainer
 
 HAS_VLLM_GPU = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_VLLM_GPU, reason="needs vLLM and a CUDA GPU")

@@ -1,4 +1,4 @@
-"""Tests for grpo.rollout.weights: name matching, zero-copy sharing, copies and their checks.
+"""Tests for grpo.lm.engines.weights: name matching, zero-copy sharing, copies and their checks.
 
 The trainer is a tiny transformers Qwen2 model; the engine is an ordinary torch
 module laid out as vLLM's transformers backend lays out the same network:
@@ -13,9 +13,9 @@ import torch
 from tiny_models import load_tiny_causal_lm
 from torch import nn
 
-from grpo.policies.loading import LoraSettings, apply_lora
-from grpo.rollout import weights as W
-from grpo.rollout.vllm import choose_sharing
+from grpo.lm.engines import weights as W
+from grpo.lm.engines.vllm import choose_sharing
+from grpo.lm.loading import LoraSettings, apply_lora
 
 
 def fused_engine(config, dtype=torch.float32) -> nn.Module:

@@ -5,7 +5,7 @@ engine core in-process, the transformers model implementation (its module
 names are the Hugging Face ones), dummy weight loading (nothing is read from
 disk) and eager mode (CUDA graphs would keep pointing at the dummy weights).
 Then every vLLM parameter is rebound to the trainer's tensor, `p.data =
-hf_p.data` (`grpo.rollout.weights.share_parameters`), so an optimizer step on
+hf_p.data` (`grpo.lm.engines.weights.share_parameters`), so an optimizer step on
 the trainer's model is what vLLM samples with, with no copy. Where sharing
 cannot apply (a LoRA model: vLLM must hold W + BA; another dtype; another
 device), the weights are copied with vLLM's `load_weights` before every rollout.
@@ -42,11 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpo.policies.loading import is_peft_model
-from grpo.policies.sampling import GenerationSettings
-from grpo.rollout.engines import Samples
-from grpo.rollout.settings import VLLMSettings
-from grpo.rollout.weights import (
+from grpo.lm.engines.base import Samples
+from grpo.lm.engines.settings import VLLMSettings
+from grpo.lm.engines.weights import (
     copy_problems,
     expected_rows,
     map_parameters,
@@ -57,6 +55,8 @@ from grpo.rollout.weights import (
     storage_problems,
     trainer_weights,
 )
+from grpo.lm.loading import is_peft_model
+from grpo.lm.sampling import GenerationSettings
 
 __all__ = [
     "VLLMEngine",

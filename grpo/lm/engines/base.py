@@ -8,11 +8,11 @@ so completion masks do not depend on it.
 
 Engines, by name (`ROLLOUT_ENGINES`):
 - "transformers": the trainer's model samples with `generate` (seed 001: eval
-  mode, no_grad, the previous mode restored); see `grpo.policies.sampling`.
+  mode, no_grad, the previous mode restored); see `grpo.lm.sampling`.
 - "lean": the trainer's model samples through a decoding loop over its own
-  layers (Llama-family models); see `grpo.rollout.lean`.
+  layers (Llama-family models); see `grpo.lm.engines.lean`.
 - "vllm": an in-process vLLM engine computing with the trainer's weights
-  (seed 003); see `grpo.rollout.vllm`.
+  (seed 003); see `grpo.lm.engines.vllm`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import nn
 
-from grpo.policies.sampling import GenerationSettings, sample_token_ids
-from grpo.rollout.settings import RolloutSettings
+from grpo.lm.engines.settings import RolloutSettings
+from grpo.lm.sampling import GenerationSettings, sample_token_ids
 
 __all__ = [
     "ROLLOUT_ENGINES",
@@ -102,13 +102,13 @@ class TransformersEngine:
 
 
 def _lean_engine(model: nn.Module, tokenizer: Any, rollout: RolloutSettings) -> RolloutEngine:
-    from grpo.rollout.lean import LeanEngine  # imported here: it subclasses TransformersEngine
+    from grpo.lm.engines.lean import LeanEngine  # imported here: it subclasses TransformersEngine
 
     return LeanEngine(model, tokenizer)
 
 
 def _vllm_engine(model: nn.Module, tokenizer: Any, rollout: RolloutSettings) -> RolloutEngine:
-    from grpo.rollout.vllm import VLLMEngine  # vllm itself is imported only when building one
+    from grpo.lm.engines.vllm import VLLMEngine  # vllm itself is imported only when building one
 
     return VLLMEngine(model, tokenizer, rollout.vllm)
 

@@ -13,7 +13,7 @@ Choices:
   ratio π/π_old is noise even before any update.
 - The reference policy (`make_reference`) is a frozen deep copy, or, for a
   PEFT model, a view running the same model with its adapters disabled.
-- Sampling goes through a rollout engine (`grpo.rollout`): the model's own
+- Sampling goes through a rollout engine (`grpo.lm.engines`): the model's own
   `generate` by default, or vLLM computing with the same weights. Either way
   the sampled ids are cut into completions here, so masks do not depend on the
   engine. With vLLM, the gap between its log-probs and the trainer's is a
@@ -32,8 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.policies.completion import Completion
-from grpo.policies.loading import (
+from grpo.lm.completion import Completion
+from grpo.lm.engines import RolloutSettings, make_rollout_engine
+from grpo.lm.engines.mismatch import gap_metrics, importance_weights
+from grpo.lm.loading import (
     LoraSettings,
     apply_lora,
     ensure_pad_token,
@@ -41,17 +43,15 @@ from grpo.policies.loading import (
     load_model_and_tokenizer,
     save_model,
 )
-from grpo.policies.reference import AdapterDisabledReference
-from grpo.policies.sampling import (
+from grpo.lm.reference import AdapterDisabledReference
+from grpo.lm.sampling import (
     GenerationSettings,
     encode_prompt,
     get_prompt,
     split_completion,
 )
-from grpo.policies.scoring import score_completions
+from grpo.lm.scoring import score_completions
 from grpo.protocols import TokenLogProbs
-from grpo.rollout import RolloutSettings, make_rollout_engine
-from grpo.rollout.mismatch import gap_metrics, importance_weights
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings"]
 

@@ -8,14 +8,14 @@ vLLM engine imports `vllm` only when it is built, so nothing here needs it.
 See docs/vllm.md.
 """
 
-from grpo.rollout.engines import (
+from grpo.lm.engines.base import (
     ROLLOUT_ENGINES,
     RolloutEngine,
     Samples,
     TransformersEngine,
     make_rollout_engine,
 )
-from grpo.rollout.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
+from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
 
 __all__ = [
     "ENGINE_NAMES",

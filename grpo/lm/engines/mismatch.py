@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from grpo.functional.importance import logprob_gap, truncated_importance_weights
-from grpo.policies.completion import Completion
+from grpo.lm.completion import Completion
 
 __all__ = ["engine_logprobs", "gap_metrics", "importance_weights"]
 

@@ -38,8 +38,8 @@ from torch import Tensor, nn
 
 from grpo.functional.logprobs import completion_logprobs, entropy_from_logits
 from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
-from grpo.policies.completion import Completion
-from grpo.policies.sampling import left_pad
+from grpo.lm.completion import Completion
+from grpo.lm.sampling import left_pad
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["score_completions"]

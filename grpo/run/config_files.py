@@ -1,7 +1,7 @@
 """Reading a run's configuration: preset < YAML file < `--set key=value`, checked strictly.
 
 OmegaConf parses and merges (YAML, dotted overrides, `${...}` interpolation);
-`grpo.cli.structured.from_dict` then builds the dataclasses, so an unknown
+`grpo.run.structured.from_dict` then builds the dataclasses, so an unknown
 key, a wrong type or a value out of range is rejected with the dotted key
 named, before any model is loaded.
 """
@@ -17,9 +17,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grpo.cli.presets import PRESETS
-from grpo.cli.schema import TEXT_GRPO_DEFAULTS, RunConfig, check_combinations
-from grpo.cli.structured import ConfigError, from_dict, to_dict
+from grpo.run.config import TEXT_GRPO_DEFAULTS, RunConfig, check_combinations
+from grpo.run.presets import PRESETS
+from grpo.run.structured import ConfigError, from_dict, to_dict
 
 __all__ = ["BUILTIN_TASKS", "RUN_DEFAULTS", "load_config", "merged_values", "resolved_yaml"]
 

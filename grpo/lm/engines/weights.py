@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.policies.loading import is_peft_model
+from grpo.lm.loading import is_peft_model
 
 __all__ = [
     "FUSED_PROJECTIONS",

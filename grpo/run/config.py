@@ -27,11 +27,11 @@ from typing import Any
 
 from grpo.config import GRPOConfig
 from grpo.distributed import DistributedConfig
+from grpo.lm.engines import RolloutSettings
+from grpo.lm.loading import DTYPES, LoraSettings
+from grpo.lm.policy import CausalLMSettings
 from grpo.lm_training import EvalConfig
-from grpo.loop import ScheduleConfig, check_int
-from grpo.policies.causal_lm import CausalLMSettings
-from grpo.policies.loading import DTYPES, LoraSettings
-from grpo.rollout import RolloutSettings
+from grpo.run.loop import ScheduleConfig, check_int
 
 __all__ = [
     "ModelConfig",
@@ -92,7 +92,7 @@ class TaskConfig:
 
     name: str = "arithmetic"
     """arithmetic, chess or guess_number (built in); prompts (your JSONL files and reward
-    functions); or "module:function" / "file.py:function" returning a `grpo.cli.tasks.TaskParts`."""
+    functions); or "module:function" / "file.py:function" returning a `grpo.run.parts.TaskParts`."""
     train_size: int = 4000
     """Training prompts (or games) drawn from a built-in task's train split."""
     eval_size: int = 200

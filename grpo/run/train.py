@@ -16,19 +16,17 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from grpo import distributed
-from grpo.cli.config_files import resolved_yaml
-from grpo.cli.rundir import RunDirectory, SamplesLogger
-from grpo.cli.schema import RunConfig
-from grpo.cli.structured import ConfigError, to_dict
-from grpo.cli.tasks import TaskParts, build_task
-from grpo.loop import StateSampler, TrainingLoop, make_optimizer
-from grpo.metrics import (
+from grpo.run.config import RunConfig
+from grpo.run.config_files import resolved_yaml
+from grpo.run.loop import StateSampler, TrainingLoop, make_optimizer
+from grpo.run.metrics import (
     JsonlLogger,
     MetricsLogger,
     MultiLogger,
@@ -37,7 +35,10 @@ from grpo.metrics import (
     TensorBoardLogger,
     WandbLogger,
 )
-from grpo.trainer import GRPOTrainer
+from grpo.run.parts import TaskParts
+from grpo.run.rundir import RunDirectory, SamplesLogger
+from grpo.run.structured import ConfigError, to_dict
+from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["build_loop", "seed_everything", "train"]
 
@@ -55,8 +56,10 @@ def seed_everything(seed: int, deterministic: bool, threads: int | None) -> None
         torch.backends.cudnn.benchmark = False
 
 
-def build_loop(config: RunConfig, sink: Any = None) -> tuple[TrainingLoop, TaskParts]:
-    """The task's parts and a `TrainingLoop` over them, as `config` describes."""
+def build_loop(
+    config: RunConfig, build_parts: Callable[[RunConfig], TaskParts], sink: Any = None
+) -> tuple[TrainingLoop, TaskParts]:
+    """The parts `build_parts(config)` makes and a `TrainingLoop` over them."""
     world = distributed.world_size()
     if config.prompts_per_step % world:
         raise ConfigError(
@@ -67,7 +70,7 @@ def build_loop(config: RunConfig, sink: Any = None) -> tuple[TrainingLoop, TaskP
         generation = config.policy.generation
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()
-    parts = build_task(config)
+    parts = build_parts(config)
     trainer = GRPOTrainer(
         parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo,
         config.distributed, grad_scaler=parts.grad_scaler,
@@ -105,8 +108,11 @@ def _sinks(config: RunConfig, run_dir: RunDirectory, start_step: int) -> Metrics
     return MultiLogger(sinks)
 
 
-def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Run (or continue) the training `config` describes; returns the summary."""
+def train(
+    config: RunConfig, build_parts: Callable[[RunConfig], TaskParts], *, resume: bool = False
+) -> dict[str, Any]:
+    """Run (or continue) the training `config` describes on the parts `build_parts(config)`
+    returns (called after seeding); returns the summary."""
     started = time.perf_counter()
     distributed.init_from_env()
     main = distributed.is_main_process()
@@ -115,7 +121,7 @@ def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
         run_dir.create(resolved_yaml(config))
     distributed.barrier()
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
-    loop, parts = build_loop(config)
+    loop, parts = build_loop(config, build_parts)
     start_step = 0
     if resume:
         found = run_dir.latest_checkpoint()
@@ -153,7 +159,7 @@ def train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
 
 
 def _plot(run_dir: RunDirectory) -> None:
-    from grpo.plots import plot_run
+    from grpo.run.plots import plot_run
 
     with contextlib.suppress(ImportError):  # documented: the plot needs matplotlib
         plot_run(run_dir.metrics, run_dir.plot)

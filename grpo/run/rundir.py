@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from grpo.checkpoint import atomic_save, atomic_write, fsync_dir
-from grpo.metrics import scalar_metrics
+from grpo.run.metrics import scalar_metrics
 
 __all__ = ["CHECKPOINT_FORMAT", "RunDirectory", "SamplesLogger", "truncate_jsonl"]
 

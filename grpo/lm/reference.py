@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.policies.scoring import score_completions
+from grpo.lm.scoring import score_completions
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["AdapterDisabledReference"]

@@ -1,8 +1,8 @@
 """Settings of the rollout engines: which engine samples completions, and how vLLM runs.
 
 `RolloutSettings` is the `rollout:` section of a run's configuration; the
-engines themselves are in `grpo.rollout.engines` (transformers) and
-`grpo.rollout.vllm`.
+engines themselves are in `grpo.lm.engines.base` (transformers) and
+`grpo.lm.engines.vllm`.
 """
 
 from __future__ import annotations

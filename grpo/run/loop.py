@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from grpo.trainer import GRPOTrainer
+from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
 

@@ -1,6 +1,6 @@
 """The end-of-run picture: reward, KL and completion length over steps.
 
-Reads the run's `metrics.jsonl` (written by `grpo.metrics.JsonlLogger`) so the
+Reads the run's `metrics.jsonl` (written by `grpo.run.metrics.JsonlLogger`) so the
 plot can be redrawn from any run directory, finished or not.
 """
 

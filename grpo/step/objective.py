@@ -1,0 +1,196 @@
+"""The GRPO loss for a policy on an `ExperienceBatch` (seed 004 section 3).
+
+    L = -E[min(ρ A, clip(ρ, 1 - ε_low, 1 + ε_high) A)] + λ_KL KL(π_θ ‖ π_ref) - β_ent H(π_θ)
+
+This module only gathers inputs: log-probs of the current policy (with
+gradient), of the behaviour policy (recorded at rollout), of the reference
+policy (under `no_grad`), and the entropy. The formula, its loss variants,
+aggregations and KL estimators live in `grpo.functional.policy_loss`.
+
+Departures from seed 004:
+- Token-level: a policy implementing `TokenLevelPolicy` is scored per token
+  with its completion mask; any other policy is treated as one "token" per
+  action (T = 1, all-True mask).
+- Entropy: the bonus uses the exact entropy H(π(· | state, prefix)) that a
+  token-level policy reports. A policy that reports none gets no bonus (a
+  warning says so): the sample estimate -log π(a) of a sampled a has zero
+  expected gradient (E_π[∇ log π(a)] = 0), so it would look like a
+  regulariser without acting as one.
+- The reference policy is not evaluated at all when `kl_coeff == 0` or it is
+  None.
+- A batch without recorded old log-probs (`log_prob_old_groups` None, see
+  `ExperienceCollector`) is on-policy: π_old is the detached current
+  log-probs, so the ratio is exactly 1 and the gradient is that of ratio 1.
+- A policy whose actions were sampled by a different engine than the one that
+  scores them may offer `rollout_importance_weights(actions, old_logprobs (N, T))
+  -> (N, T) | None`: per-token weights on the policy loss (truncated importance
+  sampling, `grpo.functional.importance`); None or no such method = all 1.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo.functional.losses import GlobalCounts, policy_loss
+from grpo.protocols import TokenLevelPolicy, TokenLogProbs
+from grpo.records import ExperienceBatch
+
+__all__ = ["GRPOObjective", "policy_logprobs"]
+
+
+class GRPOObjective:
+    """Clipped surrogate + KL penalty - entropy bonus, with selectable variants."""
+
+    def __init__(
+        self,
+        clip_epsilon: float = 0.2,
+        kl_coeff: float = 0.04,
+        entropy_coeff: float = 0.01,
+        loss_type: str = "clipped",
+        aggregation: str = "sequence_mean",
+        kl_estimator: str = "k3",
+        clip_epsilon_high: float | None = None,
+        max_completion_length: int | None = None,
+    ) -> None:
+        self.clip_epsilon = clip_epsilon
+        self.kl_coeff = kl_coeff
+        self.entropy_coeff = entropy_coeff
+        self.loss_type = loss_type
+        self.aggregation = aggregation
+        self.kl_estimator = kl_estimator
+        self.clip_epsilon_high = clip_epsilon_high
+        self.max_completion_length = max_completion_length
+        self._warned_no_entropy = False
+
+    def compute_loss(
+        self,
+        current_policy: Any,
+        reference_policy: Any,
+        experience_batch: ExperienceBatch,
+        advantages: Tensor,
+        global_counts: GlobalCounts | None = None,
+    ) -> dict[str, Tensor | float]:
+        """Loss dict: total_loss (with gradient), policy_loss, kl_penalty, entropy_bonus, stats.
+
+        total_loss = policy_loss + kl_penalty - entropy_bonus, where kl_penalty is
+        λ_KL·KL and entropy_bonus is β_ent·H; the other entries are the detached
+        statistics of `grpo.functional.policy_loss` ("clip/low_frac", "kl/mean", ...).
+        `global_counts` (data-parallel training) makes the loss terms this batch's
+        share of a larger batch split across processes.
+        """
+        states = experience_batch.flat_states()  # (N,)
+        actions = experience_batch.flat_actions()  # (N,)
+        N = len(actions)
+        advantages = torch.as_tensor(advantages)
+        if advantages.dim() != 1 or advantages.shape[0] != N:
+            raise ValueError(
+                f"advantages: expected shape ({N},), one per sampled action; "
+                f"got {tuple(advantages.shape)}"
+            )
+        current = policy_logprobs(current_policy, states, actions)
+        device = current.logprobs.device
+        old_logprobs = _old_logprobs(experience_batch, current)  # (N, T), None = on-policy
+        old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
+        ref_logprobs = None
+        if self.kl_coeff > 0 and reference_policy is not None:
+            with torch.no_grad():
+                ref_logprobs = policy_logprobs(reference_policy, states, actions).logprobs
+            ref_logprobs = ref_logprobs.to(device)  # (N, T)
+        entropy = self._entropy(current)
+        weights = None  # on-policy: sampled by the scorer itself, nothing to correct
+        if old_logprobs is not None:
+            weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
+        loss, stats = policy_loss(
+            current.logprobs,
+            old_logprobs,
+            advantages.to(device=device, dtype=torch.float32),
+            current.completion_mask.to(device),
+            loss_type=self.loss_type,
+            aggregation=self.aggregation,
+            eps_low=self.clip_epsilon,
+            eps_high=self.clip_epsilon_high,
+            ref_logprobs=ref_logprobs,
+            beta=self.kl_coeff if ref_logprobs is not None else 0.0,
+            kl_estimator=self.kl_estimator,
+            entropy=entropy,
+            entropy_coeff=self.entropy_coeff if entropy is not None else 0.0,
+            max_completion_length=self.max_completion_length,
+            global_counts=global_counts,
+            importance_weights=None if weights is None else weights.to(device),
+        )
+        return {
+            "total_loss": loss,
+            "policy_loss": stats["loss/policy"],
+            "kl_penalty": stats["loss/kl"],
+            "entropy_bonus": -stats["loss/entropy"],  # β_ent·H, subtracted from the loss
+            **stats,
+        }
+
+    def _entropy(self, current: TokenLogProbs) -> Tensor | None:
+        """The policy's entropy (N, T) if reported (logged even at entropy_coeff 0)."""
+        if current.entropy is None and self.entropy_coeff > 0:
+            if not self._warned_no_entropy:
+                warnings.warn(
+                    f"entropy_coeff={self.entropy_coeff} but the policy reports no entropy "
+                    "(TokenLogProbs.entropy); the entropy bonus is 0. Implement "
+                    "get_token_log_probabilities with entropy, or set entropy_coeff=0.",
+                    stacklevel=3,
+                )
+                self._warned_no_entropy = True
+            return None
+        return current.entropy
+
+
+def policy_logprobs(policy: Any, states: list[Any], actions: list[Any]) -> TokenLogProbs:
+    """Per-token log-probs (N, T) and mask, from either policy contract (T = 1 if per-action)."""
+    if isinstance(policy, TokenLevelPolicy):
+        out = policy.get_token_log_probabilities(states, actions)
+        return TokenLogProbs(out.logprobs, out.completion_mask.bool(), out.entropy)
+    logprobs = policy.get_log_probabilities(states, actions)  # (N,)
+    if tuple(logprobs.shape) != (len(actions),):
+        raise ValueError(
+            f"get_log_probabilities must return shape ({len(actions)},); "
+            f"got {tuple(logprobs.shape)}"
+        )
+    logprobs = logprobs[:, None]  # (N, 1): the whole action is one "token"
+    return TokenLogProbs(logprobs, torch.ones_like(logprobs, dtype=torch.bool), None)
+
+
+def _importance_weights(policy: Any, actions: list[Any], old_logprobs: Tensor) -> Tensor | None:
+    """The policy's per-token loss weights for these actions (N, T), or None for all 1."""
+    weigh = getattr(policy, "rollout_importance_weights", None)
+    return None if weigh is None else weigh(actions, old_logprobs)
+
+
+def _old_logprobs(batch: ExperienceBatch, current: TokenLogProbs) -> Tensor | None:
+    """log π_old per token, matching the current log-probs' (N, T); None when not recorded."""
+    if batch.log_prob_old_groups is None:
+        return None  # on-policy: policy_loss takes the detached current log-probs
+    if batch.old_token_logprobs is None:
+        if current.logprobs.shape[1] != 1:
+            raise ValueError(
+                "the policy is token-level but the experience batch has no "
+                "old_token_logprobs; collect it with the same policy"
+            )
+        return torch.tensor(batch.log_prob_old_groups, dtype=torch.float32).reshape(-1, 1)  # (N, 1)
+    # kept in fp32 even for a bf16 policy: the ratio exp(logprobs - old) is precision-sensitive
+    old = batch.old_token_logprobs.float()  # (N, T_old)
+    N, T = current.logprobs.shape
+    if old.shape[0] != N:
+        raise ValueError(f"old_token_logprobs has {old.shape[0]} rows for {N} actions")
+    # A mini-batch may be scored with a shorter padding width than the whole
+    # rollout had: columns beyond every counted token are padding on both sides.
+    if old.shape[1] > T:
+        if batch.completion_mask is not None and bool(batch.completion_mask[:, T:].any()):
+            raise ValueError(
+                f"the policy returned {T} token positions but the rollout recorded "
+                f"counted tokens up to position {old.shape[1]}"
+            )
+        old = old[:, :T]
+    elif old.shape[1] < T:
+        old = torch.nn.functional.pad(old, (0, T - old.shape[1]))
+    return old  # (N, T)

@@ -1,0 +1,384 @@
+"""`GRPOTrainer`: the one training loop, for any policy and reward model (seed 004 section 4).
+
+One `train_step(states)`:
+1. roll out G actions per state and score them (`ExperienceCollector`);
+2. group-relative advantages (`AdvantageEstimator`);
+3. `num_epochs_per_update` epochs over sample-shuffled mini-batches of
+   `batch_size` samples; every `gradient_accumulation_steps` mini-batches the
+   gradient is clipped to `max_grad_norm` and the optimizer steps;
+4. every `ref_update_frequency` steps the reference policy becomes a copy of
+   the policy.
+
+Departures from seed 004:
+- A step whose loss or gradient norm is not finite is skipped (gradients
+  zeroed, no update), counted in `skipped_steps` and warned about.
+- The reference policy comes from the policy's own `make_reference()` when it
+  has one (e.g. a LoRA base with adapters off), else `copy.deepcopy`; it is
+  frozen, and not built at all when `kl_coeff == 0`.
+- Mini-batch shuffling uses the trainer's own generator, seeded from
+  `config.seed` and saved in checkpoints, so resumed runs are bitwise equal.
+- Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
+  `grpo.distributed` shards the states, gathers rewards and wraps the policy in
+  DDP or FSDP2, so that W processes compute what one process would.
+- The no-grad pass that records log π_old is skipped when it cannot differ
+  from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
+  the loss then uses the detached current log-probs, ratio 1, same gradient.
+- Mixed precision (seed 002): with a `grad_scaler` (fp16 on a GPU) losses are
+  scaled before backward and gradients unscaled before clipping; an overflow
+  skips the step quietly while the scaler lowers its scale.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo import checkpoint, distributed
+from grpo.config import GRPOConfig
+from grpo.protocols import validate_policy_model, validate_reward_model
+from grpo.records import ExperienceBatch
+from grpo.step.advantages import AdvantageEstimator
+from grpo.step.collect import ExperienceCollector
+from grpo.step.minibatch import MiniBatch, accumulate, shuffled_mini_batches
+from grpo.step.objective import GRPOObjective
+
+__all__ = ["GRPOTrainer"]
+
+# loss-dict entries averaged per epoch, reported as epoch_{i}_{name}
+EPOCH_KEYS = ("policy_loss", "kl_penalty", "entropy_bonus", "total_loss")
+
+
+class GRPOTrainer:
+    """Trains `policy_model` with GRPO against `reward_model`."""
+
+    def __init__(
+        self,
+        policy_model: Any,
+        reward_model: Any,
+        optimizer: torch.optim.Optimizer | Callable[[list[Tensor]], Any] | None = None,
+        config: GRPOConfig | None = None,
+        distributed_config: distributed.DistributedConfig | None = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """`optimizer`: an optimizer over the policy's parameters, a factory params -> optimizer,
+        or None (Adam at `config.learning_rate`). `distributed_config` applies only in a
+        process group of more than one rank. `grad_scaler` (fp16 mixed precision, seed 002):
+        losses are scaled before backward, gradients unscaled before clipping."""
+        validate_policy_model(policy_model)
+        validate_reward_model(reward_model)
+        config = GRPOConfig() if config is None else config
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
+        self.config = config
+        self.policy = policy_model
+        self.reward_model = reward_model
+        self.experience_collector = ExperienceCollector(
+            policy_model, reward_model, config.group_size
+        )
+        self.advantage_estimator = AdvantageEstimator(
+            normalize_advantages=config.normalize_advantages,
+            advantage_epsilon=config.advantage_epsilon,
+            baseline=config.advantage_baseline,
+            scale=config.advantage_scale,
+            positive_only=config.advantage_positive_only,
+        )
+        self.objective = GRPOObjective(
+            clip_epsilon=config.clip_epsilon,
+            kl_coeff=config.kl_coeff,
+            entropy_coeff=config.entropy_coeff,
+            loss_type=config.loss_type,
+            aggregation=config.aggregation,
+            kl_estimator=config.kl_estimator,
+            clip_epsilon_high=config.clip_epsilon_high,
+            max_completion_length=config.max_completion_length,
+        )
+        self.data_parallel = None
+        if distributed.world_size() > 1:  # before the optimizer: FSDP2 replaces parameters
+            fsdp2 = getattr(distributed_config, "strategy", "") == "fsdp2"
+            if isinstance(optimizer, torch.optim.Optimizer) and fsdp2:
+                raise ValueError(
+                    "optimizer: FSDP2 shards the parameters, so an optimizer built before "
+                    "the trainer holds stale ones; pass optimizer=None or a factory params -> optimizer"
+                )
+            self.data_parallel = distributed.DataParallel(policy_model, distributed_config)
+        if optimizer is None or callable(optimizer):
+            # built here, after any FSDP2 sharding replaced the parameters
+            params = list(policy_model.get_parameters().values())
+            build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
+            optimizer = build(params)
+        self.optimizer = optimizer
+        self.grad_scaler = grad_scaler
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step_count = 0  # completed train_step calls
+        self.epoch_count = 0  # completed optimisation epochs, over all steps
+        self.best_loss = math.inf  # lowest step_loss so far
+        self.history: list[dict[str, float]] = []
+        self.reference_policy = self._make_reference() if config.kl_coeff > 0 else None
+
+    # ------------------------------------------------------------------ loop
+    def train_step(self, states: Sequence[Any]) -> dict[str, float]:
+        """One GRPO update on `states`; returns detached scalar metrics."""
+        start = time.perf_counter()
+        dp = self.data_parallel
+        batch = self.experience_collector.collect_experiences(
+            states if dp is None else dp.shard_states(states),
+            record_old_logprobs=not self._old_pass_redundant(len(states)),
+        )
+        collected = time.perf_counter()
+        rewards = batch if dp is None else dp.global_rewards(batch)  # every rank's rewards
+        advantages = self.advantage_estimator.compute_advantages(rewards)  # (N,) global
+        metrics = self._rollout_metrics(rewards.reward_groups, advantages)
+        metrics["collection_time"] = collected - start
+        metrics["advantage_time"] = time.perf_counter() - collected
+
+        self.policy.train()
+        totals: dict[str, float] = defaultdict(float)
+        for epoch in range(self.config.num_epochs_per_update):
+            epoch_means = self._run_epoch(batch, advantages, totals)
+            metrics.update({f"epoch_{epoch}_{k}": epoch_means[k] for k in EPOCH_KEYS})
+            self.epoch_count += 1
+        metrics.update(self._step_summary(totals))
+
+        self.step_count += 1
+        self._maybe_refresh_reference()
+        if math.isfinite(metrics["step_loss"]):
+            self.best_loss = min(self.best_loss, metrics["step_loss"])
+        self.history.append(metrics)
+        return metrics
+
+    def _old_pass_redundant(self, num_states: int) -> bool:
+        """True when log π_old would equal the first gradient pass's detached log-probs."""
+        config = self.config
+        N = num_states * config.group_size
+        one_update = (
+            config.num_epochs_per_update == 1
+            and config.batch_size * config.gradient_accumulation_steps >= N
+        )
+        # one process only: data parallelism counts tokens from the recorded completion mask
+        return (
+            config.skip_redundant_old_logprobs
+            and one_update
+            and self.data_parallel is None
+            and getattr(self.policy, "sampler_is_scorer", False) is True
+        )
+
+    def _run_epoch(
+        self, batch: ExperienceBatch, advantages: Tensor, totals: dict[str, float]
+    ) -> dict[str, float]:
+        """One pass over shuffled mini-batches; returns the epoch's sample-weighted means."""
+        mini_batches = list(
+            shuffled_mini_batches(
+                batch, advantages, self.config.batch_size, self.generator, self.data_parallel
+            )
+        )
+        window_size = self.config.gradient_accumulation_steps
+        epoch_sums: dict[str, float] = defaultdict(float)
+        for start in range(0, len(mini_batches), window_size):
+            window = mini_batches[start : start + window_size]
+            window_samples = sum(mb.num_samples for mb in window)
+            finite = True
+            self.optimizer.zero_grad(set_to_none=True)
+            for k, mb in enumerate(window):
+                # weighted so the window's gradient is that of one concatenated batch
+                weight = mb.num_samples / window_samples
+                loss_dict = self._backward(mb, weight, sync=k == len(window) - 1)
+                finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
+                if self.data_parallel is None:
+                    accumulate(epoch_sums, loss_dict, mb.num_samples)
+                elif mb.scale:
+                    distributed.accumulate_metrics(
+                        epoch_sums, loss_dict, len(mb.advantages), mb.num_samples
+                    )
+            if self.data_parallel is not None:
+                finite = self.data_parallel.all_true(finite)
+            self._optimizer_step(finite, totals)
+        if self.data_parallel is not None:
+            epoch_sums = self.data_parallel.sum_metrics(epoch_sums)
+        n = len(advantages)
+        for key, value in epoch_sums.items():
+            totals[key] += value
+        totals["samples"] += n
+        return {key: value / n for key, value in epoch_sums.items()}
+
+    def _backward(self, mb: MiniBatch, weight: float, sync: bool) -> dict[str, Any]:
+        """Loss of one mini-batch, backpropagated with `weight`; returns the loss dict."""
+
+        def loss() -> dict[str, Any]:
+            return self.objective.compute_loss(
+                self.policy, self.reference_policy, mb.batch, mb.advantages, mb.global_counts
+            )
+
+        scale = self._scale_loss
+        if self.data_parallel is not None:  # gradients summed over ranks when `sync`
+            return self.data_parallel.backward(loss, weight * mb.scale, sync, scale)
+        loss_dict = loss()
+        scale(loss_dict["total_loss"] * weight).backward()
+        return loss_dict
+
+    def _scale_loss(self, loss: Tensor) -> Tensor:
+        """The loss times the gradient scaler's factor (fp16 mixed precision), else itself."""
+        return loss if self.grad_scaler is None else self.grad_scaler.scale(loss)
+
+    def _optimizer_step(self, loss_finite: bool, totals: dict[str, float]) -> None:
+        """Clip, then step, unless the loss or the pre-clip gradient norm is not finite.
+
+        With a gradient scaler the gradients are unscaled before clipping, and a
+        non-finite norm (an fp16 overflow) is the scaler's routine signal to lower
+        its scale: the step is skipped and counted without a warning.
+        """
+        params = [p for p in self.policy.get_parameters().values() if p.requires_grad]
+        max_norm = self.config.max_grad_norm
+        scaler = self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
+        grad_norm = distributed.scalar(
+            torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
+        )  # the norm *before* clipping, over every rank's gradients
+        if loss_finite and math.isfinite(grad_norm):
+            if scaler is None:
+                self.optimizer.step()
+            else:
+                scaler.step(self.optimizer)  # unscaled already: steps with the true gradient
+            totals["grad_norm_sum"] += grad_norm
+            totals["optimizer_steps"] += 1
+        elif scaler is not None and loss_finite:
+            totals["skipped_steps"] += 1  # an overflow: the scaler lowers its scale below
+        else:
+            warnings.warn(
+                f"step {self.step_count}: skipped an optimizer step (loss finite: "
+                f"{loss_finite}, gradient norm {grad_norm}); no update applied",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            totals["skipped_steps"] += 1
+        if scaler is not None:
+            scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -------------------------------------------------------------- metrics
+    def _rollout_metrics(
+        self, reward_groups: list[list[float]], advantages: Tensor
+    ) -> dict[str, float]:
+        rewards = torch.tensor(reward_groups, dtype=torch.float64)  # (B, G)
+        all_equal = (rewards == rewards[:, :1]).all(dim=1)  # (B,)
+        return {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "reward/zero_std_frac": all_equal.double().mean().item(),
+            "advantage_mean": advantages.mean().item(),
+            "advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+            "total_samples": float(len(advantages)),
+        }
+
+    def _step_summary(self, totals: dict[str, float]) -> dict[str, float]:
+        """Means over every mini-batch of the step (sample-weighted) and step counters."""
+        samples = totals.pop("samples")
+        steps = totals.pop("optimizer_steps", 0.0)
+        grad_norm_sum = totals.pop("grad_norm_sum", 0.0)
+        summary = {
+            "step_loss": totals.pop("total_loss") / samples,
+            "grad_norm": grad_norm_sum / steps if steps else math.nan,
+            "optimizer_steps": steps,
+            "skipped_steps": totals.pop("skipped_steps", 0.0),
+        }
+        for key in ("policy_loss", "kl_penalty", "entropy_bonus"):
+            totals.pop(key, None)
+        summary.update({key: value / samples for key, value in totals.items()})
+        return summary
+
+    # ----------------------------------------------------------- reference
+    def _make_reference(self) -> Any:
+        """A frozen copy of the policy (or the policy's own `make_reference()`)."""
+        make = getattr(self.policy, "make_reference", None)
+        if callable(make):
+            reference = make()
+        elif self.data_parallel is not None:  # FSDP2 modules cannot be deep-copied
+            reference = self.data_parallel.copy_policy(self.policy)
+        else:
+            reference = copy.deepcopy(self.policy)
+        own = {id(p) for p in self.policy.get_parameters().values()}
+        for p in reference.get_parameters().values():
+            if id(p) not in own:  # never freeze weights the policy itself trains
+                p.requires_grad_(False)
+        reference.eval()
+        return reference
+
+    def _maybe_refresh_reference(self) -> None:
+        freq = self.config.ref_update_frequency
+        if self.reference_policy is not None and freq > 0 and self.step_count % freq == 0:
+            self.reference_policy = self._make_reference()
+
+    # ---------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume this run bitwise-exactly: tensors and plain values only.
+
+        Data-parallel: call on every rank (gathering FSDP2 shards is collective); the
+        full (unsharded) state is complete on rank 0.
+        """
+        dp = self.data_parallel
+        model_state = checkpoint.model_state if dp is None else dp.model_state
+        return {
+            "format_version": checkpoint.FORMAT_VERSION,
+            "policy": model_state(self.policy),
+            "reference_policy": (
+                None if self.reference_policy is None else model_state(self.reference_policy)
+            ),
+            "optimizer": (
+                self.optimizer.state_dict() if dp is None else dp.optimizer_state(self.optimizer)
+            ),
+            "step_count": self.step_count,
+            "epoch_count": self.epoch_count,
+            "best_loss": self.best_loss,
+            "history": self.history,
+            "config": self.config.to_dict(),
+            "rng": checkpoint.rng_state(self.generator),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (on every rank, for any number of ranks)."""
+        dp = self.data_parallel
+        load_model_state = checkpoint.load_model_state if dp is None else dp.load_model_state
+        load_model_state(self.policy, state["policy"])
+        if state.get("reference_policy") is not None:
+            if self.reference_policy is None:
+                self.reference_policy = self._make_reference()
+            load_model_state(self.reference_policy, state["reference_policy"])
+        if dp is None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            dp.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.step_count = int(state["step_count"])
+        self.epoch_count = int(state.get("epoch_count", 0))
+        self.best_loss = float(state.get("best_loss", math.inf))
+        self.history = list(state.get("history", []))
+        checkpoint.set_rng_state(state["rng"], self.generator)
+        if self.grad_scaler is not None and state.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
+
+    def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
+        """Atomically save `state_dict()` to one file (seed 004 section 4.7).
+
+        Data-parallel: call on every rank; rank 0 writes full (unsharded) weights and
+        optimizer state, which any number of processes can resume from.
+        """
+        if best_loss is not None:
+            self.best_loss = float(best_loss)
+        state = self.state_dict()
+        if distributed.is_main_process():
+            checkpoint.atomic_save(state, path)
+        distributed.barrier()  # no rank reads or moves on before the file exists
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore a `save_checkpoint` file into this trainer; returns the raw state."""
+        state = checkpoint.load(path)
+        self.load_state_dict(state)
+        return state

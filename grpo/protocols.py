@@ -8,6 +8,11 @@ in seed 004's format.
 Beyond seed 004, a policy may offer token-level log-probabilities
 (`TokenLevelPolicy`); the objective then uses token-level losses and masks.
 A policy that offers only `get_log_probabilities` is treated as T = 1.
+
+Everything else the trainer and the run loop use when an object has it is
+declared here too, in `PolicyHooks` and `RewardHooks`, and read through
+`hook(obj, name)`: one place lists every optional member, with its meaning
+(docs/your_own_model.md shows each in use).
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ __all__ = [
     "TokenLogProbs",
     "validate_policy_model",
     "validate_reward_model",
+    "POLICY_HOOKS",
     "POLICY_METHODS",
+    "PolicyHooks",
+    "REWARD_HOOKS",
     "REWARD_METHODS",
+    "RewardHooks",
+    "hook",
 ]
 
 POLICY_METHODS = (
@@ -92,6 +102,69 @@ class TokenLevelPolicy(Protocol):
     def get_token_log_probabilities(
         self, states: Sequence[Any], actions: Sequence[Any]
     ) -> TokenLogProbs: ...
+
+
+class PolicyHooks(Protocol):
+    """Optional members of a policy. The trainer uses each one a policy has; none is required."""
+
+    rollout_metrics: dict[str, float]
+    """Statistics of the policy's last sampling and no-grad scoring ("completion/length_mean",
+    ...), merged into the step's metrics by the run loop."""
+    sampler_is_scorer: bool
+    """True when actions are sampled from exactly the distribution `get_*log_probabilities`
+    scores (same model, same numerics, no dropout): the no-grad pass recording log π_old may
+    then be skipped when it cannot differ from the first gradient pass."""
+
+    def make_reference(self) -> Any:
+        """A frozen copy of the policy for the KL term (default: `copy.deepcopy`); e.g. a LoRA
+        policy returns its base model with the adapters disabled."""
+        ...
+
+    def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Any]) -> Tensor:
+        """(N,) long: how many positions of each action the loss counts (the row sums of the
+        completion mask `get_token_log_probabilities` would return), known without scoring.
+        Lets the trainer fix a loss's token denominator before any forward pass."""
+        ...
+
+    def rollout_importance_weights(self, actions: Sequence[Any], old_logprobs: Tensor) -> Any:
+        """(N, T) per-token weights on the policy loss for actions sampled by another engine
+        (truncated importance sampling), or None for all 1."""
+        ...
+
+    def sampling_state(self) -> Any:
+        """Where the policy's sampling randomness has got to (saved in checkpoints)."""
+        ...
+
+    def load_sampling_state(self, state: Any) -> None:
+        """Restore what `sampling_state` returned."""
+        ...
+
+
+class RewardHooks(Protocol):
+    """Optional members of a reward model."""
+
+    last_metrics: dict[str, float]
+    """Statistics of the last `compute_rewards` call ("rewards/<name>/mean", ...), merged into
+    the step's metrics and the evaluation's."""
+
+
+POLICY_HOOKS = (
+    "rollout_metrics",
+    "sampler_is_scorer",
+    "make_reference",
+    "loss_token_counts",
+    "rollout_importance_weights",
+    "sampling_state",
+    "load_sampling_state",
+)
+REWARD_HOOKS = ("last_metrics",)
+
+
+def hook(obj: object, name: str) -> Any:
+    """`obj`'s optional member `name` (declared in `PolicyHooks` or `RewardHooks`), or None."""
+    if name not in POLICY_HOOKS and name not in REWARD_HOOKS:
+        raise AttributeError(f"{name!r} is not a declared hook; declared: {POLICY_HOOKS + REWARD_HOOKS}")
+    return getattr(obj, name, None)
 
 
 def _missing(obj: object, required: Sequence[str]) -> list[str]:

@@ -25,7 +25,6 @@ from grpo import distributed
 from grpo.config import GRPOConfig
 from grpo.distributed import DistributedConfig
 from grpo.protocols import TokenLogProbs
-from grpo.records import ExperienceBatch
 from grpo.step.advantages import AdvantageEstimator
 from grpo.step.trainer import GRPOTrainer
 
@@ -151,10 +150,9 @@ def _resume_single_checkpoint(rank: int, out_dir: Path) -> None:
 def _batch_scale_advantages(rank: int, out_dir: Path) -> None:
     """Batch-scaled advantages of rewards split over ranks (rank r holds rows of r)."""
     dp = distributed.DataParallel(ShardablePolicy())
-    rewards = BATCH_REWARDS[2 * rank : 2 * rank + 2].tolist()  # (2, G) per rank
-    local = ExperienceBatch([0, 1], [[()] * G] * 2, rewards, [[0.0] * G] * 2)
+    local = BATCH_REWARDS[2 * rank : 2 * rank + 2].flatten()  # (2 * G,) this rank's rewards
     estimator = AdvantageEstimator(scale="batch")
-    advantages = estimator.compute_advantages(dp.global_rewards(local))
+    advantages = estimator.from_rewards(dp.gather(local), G)
     torch.save(advantages, out_dir / f"advantages_rank{rank}.pt")
 
 
@@ -228,9 +226,8 @@ def test_one_process_checkpoint_resumes_on_two(runs):
 def test_batch_scaled_advantages_span_ranks(runs):
     """Every rank's batch-scaled advantages equal the single-process value, not a per-rank one."""
     estimator = AdvantageEstimator(scale="batch")
-    full = ExperienceBatch([], [], BATCH_REWARDS.tolist(), [])
-    expected = estimator.compute_advantages(full)  # (N,) = (4 * G,)
-    own_only = estimator.compute_advantages(ExperienceBatch([], [], BATCH_REWARDS[:2].tolist(), []))
+    expected = estimator.from_rewards(BATCH_REWARDS.flatten(), G)  # (N,) = (4 * G,)
+    own_only = estimator.from_rewards(BATCH_REWARDS[:2].flatten(), G)
     assert not torch.allclose(own_only, expected[: 2 * G], atol=1e-3)  # the std must span ranks
     for rank in range(2):
         got = torch.load(runs["out"] / f"advantages_rank{rank}.pt", weights_only=True)

@@ -25,9 +25,12 @@ whose forward is the whole loss computation, so the policy keeps its unwrapped
 module (generation, parameter names) and may run several forwards per mini-batch.
 
 Modules: `process_group` (joining the group, this process's rank, collectives;
-all of it works in one process too) and `data_parallel` (`DataParallel`, the
-per-step scheme above).
+all of it works in one process too), `data_parallel` (`DataParallel`, the
+per-step scheme above) and `single` (`SingleProcess`: the same methods for one
+process, so the trainer never asks which it has); `make_parallel` picks one.
 """
+
+from typing import Any
 
 from grpo.distributed.data_parallel import (
     DataParallel,
@@ -45,14 +48,25 @@ from grpo.distributed.process_group import (
     shutdown,
     world_size,
 )
+from grpo.distributed.single import SingleProcess
+
+
+def make_parallel(policy: Any, config: DistributedConfig | None = None) -> Any:
+    """`DataParallel` in a process group of more than one rank, else `SingleProcess`.
+    Call before building the optimizer: FSDP2 replaces the parameters."""
+    if world_size() > 1:
+        return DataParallel(policy, config)
+    return SingleProcess()
 
 __all__ = [
     "DataParallel",
     "DistributedConfig",
+    "SingleProcess",
     "accumulate_metrics",
     "barrier",
     "init_from_env",
     "is_main_process",
+    "make_parallel",
     "policy_module",
     "rank",
     "scalar",

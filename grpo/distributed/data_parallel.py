@@ -20,10 +20,14 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from grpo import checkpoint
 from grpo.distributed.process_group import all_gather, collective_device, shard_bounds
-from grpo.records import ExperienceBatch
-from grpo.step.minibatch import accumulate
 
-__all__ = ["DataParallel", "DistributedConfig", "accumulate_metrics", "policy_module"]
+__all__ = [
+    "DataParallel",
+    "DistributedConfig",
+    "accumulate",
+    "accumulate_metrics",
+    "policy_module",
+]
 
 STRATEGIES = ("ddp", "fsdp2")
 # loss-dict entries that are shares of a global mini-batch (sum over ranks = its value)
@@ -127,7 +131,6 @@ class DataParallel:
         self.config = DistributedConfig() if config is None else config
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.module = policy_module(policy)
-        self._num_local = 0  # samples this rank holds in the current step
         if self.config.strategy == "ddp":
             ddp = nn.parallel.DistributedDataParallel
             # forwards outside the runner (generation) need no collective (renamed in 2.13)
@@ -155,26 +158,18 @@ class DataParallel:
         start, stop = shard_bounds(len(states), self.rank, self.world_size)
         return list(states[start:stop])
 
-    def global_rewards(self, batch: ExperienceBatch) -> ExperienceBatch:
-        """A rewards-only batch holding the (S, G) rewards of every rank, in global order."""
-        self._num_local = batch.num_samples
-        local = torch.tensor(batch.reward_groups, dtype=torch.float64)  # (S/W, G), exact copies
-        rewards = all_gather(local)  # (S, G)
-        return ExperienceBatch([], [], rewards.tolist(), [])
+    def gather(self, local: Tensor) -> Tensor:
+        """Every rank's (n, ...) values (rewards, token counts) -> (W·n, ...) in global order."""
+        return all_gather(local)
 
-    def global_token_counts(self, batch: ExperienceBatch) -> Tensor:
-        """Counted tokens of every global sample (N,); 1 each for per-action policies."""
-        if batch.completion_mask is None:
-            return torch.ones(self._num_local * self.world_size, dtype=torch.long)
-        return all_gather(batch.completion_mask.sum(dim=1).long().cpu())  # (N,)
-
-    def own(self, idx: Tensor) -> tuple[Tensor, Tensor, float]:
-        """Of global samples idx (n,): those this rank holds, their local rows, and a loss scale.
+    def own(self, idx: Tensor, num_local: int) -> tuple[Tensor, Tensor, float]:
+        """Of global samples idx (n,): those this rank holds (it holds `num_local`, in order),
+        their local rows, and a loss scale.
 
         A rank holding none of them gets its first sample with scale 0 (see module doc).
         """
-        start = self.rank * self._num_local
-        owned = idx[(idx >= start) & (idx < start + self._num_local)]  # keeps the global order
+        start = self.rank * num_local
+        owned = idx[(idx >= start) & (idx < start + num_local)]  # keeps the global order
         if len(owned) == 0:
             return idx.new_tensor([start]), idx.new_tensor([0]), 0.0
         return owned, owned - start, 1.0
@@ -289,10 +284,22 @@ def _param_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[st
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
+def accumulate(sums: dict[str, float], loss_dict: dict[str, Any], weight: int) -> None:
+    """Add weight * value for every scalar entry of a loss dict."""
+    for key, value in loss_dict.items():
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                continue
+            value = value.item()
+        if isinstance(value, (int, float)):
+            sums[key] += weight * float(value)
+
+
 def accumulate_metrics(
     sums: dict[str, float], loss_dict: dict[str, Any], num_local: int, num_global: int
 ) -> None:
     """Add a mini-batch's scalars: shares weighted by the global mini-batch size, per-rank
-    means by the local sample count; `DataParallel.sum_metrics` then sums over ranks."""
+    means by the local sample count; `sum_metrics` then sums over ranks (in one process both
+    counts are the mini-batch's size)."""
     accumulate(sums, {k: v for k, v in loss_dict.items() if k in SHARE_KEYS}, num_global)
     accumulate(sums, {k: v for k, v in loss_dict.items() if k not in SHARE_KEYS}, num_local)

@@ -268,6 +268,19 @@ class CausalLMPolicy:
             )
         return out
 
+    def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:
+        """(N,) tokens the loss counts per completion, without scoring: up to and including
+        the first EOS, none for a truncated one when `mask_truncated_completions`."""
+        eos = set(self.eos_token_ids)
+        masked = self.settings.mask_truncated_completions
+        counts = [
+            0 if masked and a.truncated else next(
+                (k + 1 for k, t in enumerate(a.completion_ids) if t in eos), a.num_tokens
+            )
+            for a in actions
+        ]  # fmt: skip
+        return torch.tensor(counts, dtype=torch.long)
+
     @property
     def sampler_is_scorer(self) -> bool:
         """True when sampling and scoring are the same distribution: the trainer's own model

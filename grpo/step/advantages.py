@@ -61,9 +61,13 @@ class AdvantageEstimator:
                 f"reward_groups: every group must have the same size; got sizes {sorted(sizes)}"
             )
         rewards = torch.tensor(batch.flat_rewards(), dtype=torch.float32)  # (N,)
+        return self.from_rewards(rewards, sizes.pop())
+
+    def from_rewards(self, rewards: Tensor, group_size: int) -> Tensor:
+        """Flat rewards (N,) in sample order -> advantages (N,)."""
         return group_advantages(
             rewards,
-            group_size=sizes.pop(),
+            group_size=group_size,
             baseline=self.baseline,
             scale=self.scale,
             eps=self.advantage_epsilon,

@@ -1,21 +1,22 @@
-"""Rollout and scoring: B states -> B groups of G actions with rewards and old log-probs.
+"""Rollout: B states -> N = B * G sampled actions with rewards, and log π_old (seed 004 section 1).
 
-Follows seed 004 section 1: sampling and scoring run under `torch.no_grad()`,
-state-action pairs are flattened once (sample n = i * G + j is action j of
-state i) and fed to both the policy and the reward model, and every model
-output is checked against the shape it must have before anything downstream
-sees it.
+Sampling and scoring run under `torch.no_grad()` in eval mode (seed 001: no
+dropout noise in the behaviour policy), the previous modes restored after.
+State-action pairs are flattened once (sample n = i * G + j is action j of
+state i) and fed to the policy and the reward model, and every model output
+is checked against the shape it must have before anything downstream sees it.
+
+The trainer calls the two stages apart (`sample_rollout`, then
+`score_old_logprobs` only when π_old can differ from the first gradient
+pass, and only for the samples that will be trained on);
+`ExperienceCollector` is seed 004's public class doing both.
 
 Departures from seed 004:
-- A policy that implements `TokenLevelPolicy` also has its per-token
-  log-probabilities and completion mask recorded (`old_token_logprobs`,
-  `completion_mask`); `log_prob_old_groups` then holds their masked sums.
+- A policy that implements `TokenLevelPolicy` has its per-token log-probs and
+  completion mask recorded; its `ExperienceBatch.log_prob_old_groups` hold
+  their masked sums.
 - No reusable internal buffers: the flattened lists are locals, freed on return.
-- Non-finite rewards are rejected with the offending sample named.
-- `record_old_logprobs=False` skips the scoring pass: the batch then has
-  `log_prob_old_groups=None` and the loss takes π_old as the detached current
-  log-probs. `GRPOTrainer` asks for this only when the two cannot differ (one
-  optimizer step on the rollout, sampled by the policy's own scorer).
+- Non-finite rewards and log-probs are rejected with the offending sample named.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo.protocols import TokenLevelPolicy
-from grpo.records import ExperienceBatch
+from grpo.protocols import TokenLevelPolicy, hook
+from grpo.records import ExperienceBatch, Rollout
 
-__all__ = ["ExperienceCollector"]
+__all__ = ["ExperienceCollector", "loss_token_counts", "sample_rollout", "score_old_logprobs"]
 
 
 class ExperienceCollector:
@@ -48,71 +49,112 @@ class ExperienceCollector:
         """Roll out and score: (B,) states -> ExperienceBatch with (B, G) groups.
 
         `record_old_logprobs=False`: no scoring pass; `log_prob_old_groups`,
-        `old_token_logprobs` and `completion_mask` are None (see the module docstring).
+        `old_token_logprobs` and `completion_mask` are None (π_old is then the
+        detached current log-probs: on-policy).
         """
-        if isinstance(states, (str, bytes)):
-            raise TypeError(
-                f"states must be a list of states, got a single {type(states).__name__}"
-            )
-        if states is None or len(states) == 0:
-            raise ValueError("states must be a non-empty list of states, got an empty one")
-        states = list(states)
-        B, G = len(states), self.group_size
-        # Sampling in eval mode: dropout and similar must not perturb the
-        # behaviour policy whose log-probs we record as π_old.
-        policy_mode = _enter_eval(self.policy)
-        reward_mode = _enter_eval(self.reward_model)
-        try:
-            with torch.no_grad():
-                action_groups = self.policy.generate_actions(states, G)
-                action_groups = _check_groups(action_groups, B, G)
-                flat_states = [s for s in states for _ in range(G)]  # (N,)
-                flat_actions = [a for group in action_groups for a in group]  # (N,)
-                seq_logprobs, token_logprobs, mask = None, None, None
-                if record_old_logprobs:
-                    seq_logprobs, token_logprobs, mask = self._old_logprobs(
-                        flat_states, flat_actions
-                    )
-                rewards = self.reward_model.compute_rewards(flat_states, flat_actions)
-                rewards = _check_rewards(rewards, B, G)  # (N,)
-        finally:
-            _restore_mode(self.policy, policy_mode)
-            _restore_mode(self.reward_model, reward_mode)
-        return ExperienceBatch(
-            states=states,
-            action_groups=action_groups,
-            reward_groups=rewards.view(B, G).tolist(),
-            log_prob_old_groups=None if seq_logprobs is None else seq_logprobs.view(B, G).tolist(),
-            old_token_logprobs=token_logprobs,
-            completion_mask=mask,
-        )
+        rollout = sample_rollout(self.policy, self.reward_model, states, self.group_size)
+        if record_old_logprobs:
+            rollout = score_old_logprobs(self.policy, rollout)
+        token_level = isinstance(self.policy, TokenLevelPolicy)
+        return rollout.to_experience_batch(self.group_size, token_level)
 
-    def _old_logprobs(
-        self, flat_states: list[Any], flat_actions: list[Any]
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """log π_old per sample (N,), and per token (N, T) with its mask when available."""
-        N = len(flat_states)
-        if isinstance(self.policy, TokenLevelPolicy):
-            out = self.policy.get_token_log_probabilities(flat_states, flat_actions)
-            logprobs = out.logprobs.detach().float()  # (N, T)
-            mask = out.completion_mask.detach().bool()  # (N, T)
-            if logprobs.dim() != 2 or logprobs.shape[0] != N or mask.shape != logprobs.shape:
-                raise ValueError(
-                    "get_token_log_probabilities must return logprobs and completion_mask "
-                    f"of shape (N, T) with N={N}; got {tuple(logprobs.shape)} and "
-                    f"{tuple(mask.shape)}"
-                )
-            seq_logprobs = logprobs.masked_fill(~mask, 0.0).sum(-1)  # (N,)
-            _check_finite(seq_logprobs, "get_token_log_probabilities", self.group_size)
-            return seq_logprobs.cpu(), logprobs, mask
-        logprobs = torch.as_tensor(self.policy.get_log_probabilities(flat_states, flat_actions))
-        if tuple(logprobs.shape) != (N,):
+
+def sample_rollout(policy: Any, reward_model: Any, states: Sequence[Any], G: int) -> Rollout:
+    """Sample G actions per state and score them: (B,) states -> Rollout of N = B * G samples."""
+    if isinstance(states, (str, bytes)):
+        raise TypeError(f"states must be a list of states, got a single {type(states).__name__}")
+    if states is None or len(states) == 0:
+        raise ValueError("states must be a non-empty list of states, got an empty one")
+    states = list(states)
+    B = len(states)
+    with _no_grad_eval(policy, reward_model):
+        action_groups = _check_groups(policy.generate_actions(states, G), B, G)
+        flat_states = [s for s in states for _ in range(G)]  # (N,)
+        flat_actions = [a for group in action_groups for a in group]  # (N,)
+        rewards = _check_rewards(reward_model.compute_rewards(flat_states, flat_actions), B, G)
+    return Rollout(flat_states, flat_actions, rewards)
+
+
+def score_old_logprobs(policy: Any, rollout: Rollout, rows: Tensor | None = None) -> Rollout:
+    """The rollout with log π_old (N, T) and its completion mask, scored without gradient.
+
+    `rows` (n,): score only these samples; the others keep log-prob 0 and an
+    all-False mask (they are never trained on).
+    """
+    idx = torch.arange(rollout.num_samples) if rows is None else rows
+    states = [rollout.states[n] for n in idx.tolist()]
+    actions = [rollout.actions[n] for n in idx.tolist()]
+    with _no_grad_eval(policy):
+        logprobs, mask = _score(policy, states, actions)  # (n, T) each
+    if rows is not None:  # scatter into (N, T): unscored rows count nothing
+        full = logprobs.new_zeros((rollout.num_samples, logprobs.shape[1]))
+        logprobs = full.index_copy(0, rows.to(full.device), logprobs)
+        mask = torch.zeros_like(full, dtype=torch.bool).index_copy(0, rows.to(full.device), mask)
+    return rollout._replace(old_logprobs=logprobs, completion_mask=mask)
+
+
+def loss_token_counts(policy: Any, rollout: Rollout) -> Tensor | None:
+    """(N,) positions the loss counts per sample, known before any gradient pass, or None.
+
+    From the recorded completion mask, else the policy's `loss_token_counts`
+    hook; 1 per action for a per-action policy (T = 1).
+    """
+    if rollout.completion_mask is not None:
+        return rollout.completion_mask.sum(dim=1).long().cpu()
+    if not isinstance(policy, TokenLevelPolicy):
+        return torch.ones(rollout.num_samples, dtype=torch.long)
+    count = hook(policy, "loss_token_counts")
+    if count is None:
+        return None
+    counts = torch.as_tensor(count(rollout.states, rollout.actions)).long().cpu()
+    if tuple(counts.shape) != (rollout.num_samples,):
+        raise ValueError(
+            f"loss_token_counts must return shape ({rollout.num_samples},); got {tuple(counts.shape)}"
+        )
+    return counts
+
+
+def _score(policy: Any, states: list[Any], actions: list[Any]) -> tuple[Tensor, Tensor]:
+    """log π per position (n, T) float32 and mask (n, T) bool, from either policy contract."""
+    n = len(actions)
+    if isinstance(policy, TokenLevelPolicy):
+        out = policy.get_token_log_probabilities(states, actions)
+        logprobs = out.logprobs.detach().float()  # (n, T)
+        mask = out.completion_mask.detach().bool()  # (n, T)
+        if logprobs.dim() != 2 or logprobs.shape[0] != n or mask.shape != logprobs.shape:
             raise ValueError(
-                f"get_log_probabilities must return shape ({N},) for {N} state-action "
-                f"pairs; got {tuple(logprobs.shape)}"
+                "get_token_log_probabilities must return logprobs and completion_mask "
+                f"of shape (N, T) with N={n}; got {tuple(logprobs.shape)} and {tuple(mask.shape)}"
             )
-        _check_finite(logprobs, "get_log_probabilities", self.group_size)
-        return logprobs.detach().float().cpu(), None, None
+        _check_finite(logprobs.masked_fill(~mask, 0.0).sum(-1), "get_token_log_probabilities")
+        return logprobs, mask
+    logprobs = torch.as_tensor(policy.get_log_probabilities(states, actions))
+    if tuple(logprobs.shape) != (n,):
+        raise ValueError(
+            f"get_log_probabilities must return shape ({n},) for {n} state-action pairs; "
+            f"got {tuple(logprobs.shape)}"
+        )
+    _check_finite(logprobs, "get_log_probabilities")
+    logprobs = logprobs.detach().float().cpu()[:, None]  # (n, 1): the action is one "token"
+    return logprobs, torch.ones_like(logprobs, dtype=torch.bool)
+
+
+class _no_grad_eval:
+    """no_grad with every given model in eval mode; each model's previous mode restored."""
+
+    def __init__(self, *models: Any) -> None:
+        self.models = models
+        self.grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.modes = [_enter_eval(model) for model in self.models]
+        self.grad.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.grad.__exit__(*exc)
+        for model, was_training in zip(self.models, self.modes, strict=True):
+            if was_training:
+                model.train()
 
 
 def _check_groups(action_groups: Any, B: int, G: int) -> list[list[Any]]:
@@ -136,7 +178,7 @@ def _check_groups(action_groups: Any, B: int, G: int) -> list[list[Any]]:
 
 
 def _check_rewards(rewards: Any, B: int, G: int) -> Tensor:
-    """compute_rewards must return N = B * G finite numbers, one per pair."""
+    """compute_rewards must return N = B * G finite numbers, one per pair -> (N,) float32."""
     rewards = torch.as_tensor(rewards).detach()
     if tuple(rewards.shape) != (B * G,):
         raise ValueError(
@@ -164,8 +206,3 @@ def _enter_eval(model: Any) -> bool | None:
     was_training = getattr(model, "training", None)
     model.eval()
     return was_training if isinstance(was_training, bool) else None
-
-
-def _restore_mode(model: Any, was_training: bool | None) -> None:
-    if was_training:
-        model.train()

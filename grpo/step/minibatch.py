@@ -1,10 +1,12 @@
-"""Mini-batches of an experience batch: the samples one gradient step trains on.
+"""Mini-batches of a rollout: the samples one gradient pass trains on.
 
 `shuffled_mini_batches` shuffles the N samples of a step and cuts them into
-mini-batches of `batch_size`; each is an `ExperienceBatch` of singleton groups
-(one sample per "group"), because the advantages are already computed over
-whole groups. With data parallelism every rank draws the same permutation and
-keeps the samples of each mini-batch that it holds (see `grpo.distributed`).
+mini-batches of `batch_size`. Every rank of a data-parallel run draws the
+same permutation of the N global samples and keeps the samples of each
+mini-batch it holds (`grpo.distributed`); in one process it holds them all.
+Each mini-batch carries the counts of the whole mini-batch (its sequences and
+the tokens its loss counts, over every rank), so that its loss is its share
+of the whole mini-batch's loss whatever part of it this process holds.
 """
 
 from __future__ import annotations
@@ -16,71 +18,37 @@ import torch
 from torch import Tensor
 
 from grpo.functional.losses import GlobalCounts
-from grpo.records import ExperienceBatch
+from grpo.records import Rollout
 
-__all__ = ["MiniBatch", "accumulate", "select_samples", "shuffled_mini_batches"]
+__all__ = ["MiniBatch", "shuffled_mini_batches"]
 
 
 class MiniBatch(NamedTuple):
     """The samples of one mini-batch that this process trains on."""
 
-    batch: ExperienceBatch  # singleton groups, one per sample
-    advantages: Tensor  # (n,)
-    num_samples: int  # size of the whole mini-batch (over every rank)
-    global_counts: GlobalCounts | None  # its sequences and tokens; None in one process
-    scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none (distributed)
+    samples: Rollout  # this process's samples of it, advantages included
+    size: int  # samples in the whole mini-batch (over every rank)
+    counts: GlobalCounts  # sequences and counted tokens of the whole mini-batch
+    scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none of it
 
 
 def shuffled_mini_batches(
-    batch: ExperienceBatch,
+    rollout: Rollout,
     advantages: Tensor,
+    token_counts: Tensor,
     batch_size: int,
     generator: torch.Generator,
-    data_parallel: Any = None,
+    parallel: Any,
 ) -> Iterator[MiniBatch]:
-    """Mini-batches of `batch_size` samples of the global batch (N = len(advantages)) in an
-    order drawn from `generator`; `data_parallel` (a `DataParallel` or None) picks this rank's."""
-    dp = data_parallel
+    """Mini-batches of `batch_size` of the N global samples, in an order drawn from
+    `generator`. `rollout` holds this process's samples; `advantages` (N,) and
+    `token_counts` (N,) are global; `parallel` (`SingleProcess` or `DataParallel`)
+    says which samples this process holds."""
     N = len(advantages)
     order = torch.randperm(N, generator=generator)
-    tokens = None if dp is None else dp.global_token_counts(batch)  # (N,)
     for start in range(0, N, batch_size):
         idx = order[start : start + batch_size]  # (n,) global sample ids
-        if dp is None:
-            yield MiniBatch(select_samples(batch, idx), advantages[idx], len(idx), None)
-            continue
-        owned, rows, scale = dp.own(idx)
-        counts = GlobalCounts(len(idx), int(tokens[idx].sum()))
-        yield MiniBatch(select_samples(batch, rows), advantages[owned], len(idx), counts, scale)
-
-
-def select_samples(batch: ExperienceBatch, idx: Tensor) -> ExperienceBatch:
-    """Samples idx (n,) of `batch` as a batch of n singleton groups."""
-    G = batch.group_size
-    rows = idx.tolist()
-    flat_actions = batch.flat_actions()
-    old_groups = batch.log_prob_old_groups
-    flat_old = None if old_groups is None else [lp for group in old_groups for lp in group]
-    return ExperienceBatch(
-        states=[batch.states[n // G] for n in rows],
-        action_groups=[[flat_actions[n]] for n in rows],
-        reward_groups=[[batch.reward_groups[n // G][n % G]] for n in rows],
-        log_prob_old_groups=None if flat_old is None else [[flat_old[n]] for n in rows],
-        old_token_logprobs=_rows(batch.old_token_logprobs, idx),
-        completion_mask=_rows(batch.completion_mask, idx),
-    )
-
-
-def _rows(tensor: Tensor | None, idx: Tensor) -> Tensor | None:
-    return None if tensor is None else tensor[idx.to(tensor.device)]
-
-
-def accumulate(sums: dict[str, float], loss_dict: dict[str, Any], weight: int) -> None:
-    """Add weight * value for every scalar entry of a loss dict."""
-    for key, value in loss_dict.items():
-        if isinstance(value, Tensor):
-            if value.numel() != 1:
-                continue
-            value = value.item()
-        if isinstance(value, (int, float)):
-            sums[key] += weight * float(value)
+        owned, rows, scale = parallel.own(idx, rollout.num_samples)
+        counts = GlobalCounts(len(idx), int(token_counts[idx].sum()))
+        samples = rollout.take(rows)._replace(advantages=advantages[owned])
+        yield MiniBatch(samples, len(idx), counts, scale)

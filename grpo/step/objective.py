@@ -19,7 +19,7 @@ Departures from seed 004:
 - The reference policy is not evaluated at all when `kl_coeff == 0` or it is
   None.
 - A batch without recorded old log-probs (`log_prob_old_groups` None, see
-  `ExperienceCollector`) is on-policy: π_old is the detached current
+  `grpo.step.collect`) is on-policy: π_old is the detached current
   log-probs, so the ratio is exactly 1 and the gradient is that of ratio 1.
 - A policy whose actions were sampled by a different engine than the one that
   scores them may offer `rollout_importance_weights(actions, old_logprobs (N, T))
@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from grpo.functional.losses import GlobalCounts, policy_loss
-from grpo.protocols import TokenLevelPolicy, TokenLogProbs
-from grpo.records import ExperienceBatch
+from grpo.protocols import TokenLevelPolicy, TokenLogProbs, hook
+from grpo.records import ExperienceBatch, Rollout
 
 __all__ = ["GRPOObjective", "policy_logprobs"]
 
@@ -79,21 +79,33 @@ class GRPOObjective:
         total_loss = policy_loss + kl_penalty - entropy_bonus, where kl_penalty is
         λ_KL·KL and entropy_bonus is β_ent·H; the other entries are the detached
         statistics of `grpo.functional.policy_loss` ("clip/low_frac", "kl/mean", ...).
-        `global_counts` (data-parallel training) makes the loss terms this batch's
-        share of a larger batch split across processes.
+        `global_counts`: these samples are part of a larger batch of that many sequences
+        and tokens (split across micro-batches or processes); the loss terms are then
+        this part's share of the larger batch's loss.
         """
-        states = experience_batch.flat_states()  # (N,)
-        actions = experience_batch.flat_actions()  # (N,)
-        N = len(actions)
         advantages = torch.as_tensor(advantages)
-        if advantages.dim() != 1 or advantages.shape[0] != N:
+        samples = experience_batch.to_rollout()._replace(advantages=advantages)
+        return self.loss(current_policy, reference_policy, samples, global_counts)
+
+    def loss(
+        self,
+        current_policy: Any,
+        reference_policy: Any,
+        samples: Rollout,
+        global_counts: GlobalCounts | None = None,
+    ) -> dict[str, Tensor | float]:
+        """`compute_loss` on the trainer's flat record of the samples (advantages included)."""
+        states, actions = samples.states, samples.actions  # (N,) each
+        N = len(actions)
+        advantages = samples.advantages
+        if advantages is None or advantages.dim() != 1 or advantages.shape[0] != N:
+            got = None if advantages is None else tuple(advantages.shape)
             raise ValueError(
-                f"advantages: expected shape ({N},), one per sampled action; "
-                f"got {tuple(advantages.shape)}"
+                f"advantages: expected shape ({N},), one per sampled action; got {got}"
             )
         current = policy_logprobs(current_policy, states, actions)
         device = current.logprobs.device
-        old_logprobs = _old_logprobs(experience_batch, current)  # (N, T), None = on-policy
+        old_logprobs = _old_logprobs(samples, current)  # (N, T), None = on-policy
         old_logprobs = None if old_logprobs is None else old_logprobs.to(device)
         ref_logprobs = None
         if self.kl_coeff > 0 and reference_policy is not None:
@@ -162,35 +174,33 @@ def policy_logprobs(policy: Any, states: list[Any], actions: list[Any]) -> Token
 
 def _importance_weights(policy: Any, actions: list[Any], old_logprobs: Tensor) -> Tensor | None:
     """The policy's per-token loss weights for these actions (N, T), or None for all 1."""
-    weigh = getattr(policy, "rollout_importance_weights", None)
+    weigh = hook(policy, "rollout_importance_weights")
     return None if weigh is None else weigh(actions, old_logprobs)
 
 
-def _old_logprobs(batch: ExperienceBatch, current: TokenLogProbs) -> Tensor | None:
+def _old_logprobs(samples: Rollout, current: TokenLogProbs) -> Tensor | None:
     """log π_old per token, matching the current log-probs' (N, T); None when not recorded."""
-    if batch.log_prob_old_groups is None:
+    if samples.old_logprobs is None:
         return None  # on-policy: policy_loss takes the detached current log-probs
-    if batch.old_token_logprobs is None:
-        if current.logprobs.shape[1] != 1:
-            raise ValueError(
-                "the policy is token-level but the experience batch has no "
-                "old_token_logprobs; collect it with the same policy"
-            )
-        return torch.tensor(batch.log_prob_old_groups, dtype=torch.float32).reshape(-1, 1)  # (N, 1)
     # kept in fp32 even for a bf16 policy: the ratio exp(logprobs - old) is precision-sensitive
-    old = batch.old_token_logprobs.float()  # (N, T_old)
+    old = samples.old_logprobs.float()  # (N, T_old)
     N, T = current.logprobs.shape
     if old.shape[0] != N:
-        raise ValueError(f"old_token_logprobs has {old.shape[0]} rows for {N} actions")
+        raise ValueError(f"old log-probs have {old.shape[0]} rows for {N} actions")
     # A mini-batch may be scored with a shorter padding width than the whole
     # rollout had: columns beyond every counted token are padding on both sides.
     if old.shape[1] > T:
-        if batch.completion_mask is not None and bool(batch.completion_mask[:, T:].any()):
+        if samples.completion_mask is not None and bool(samples.completion_mask[:, T:].any()):
             raise ValueError(
                 f"the policy returned {T} token positions but the rollout recorded "
                 f"counted tokens up to position {old.shape[1]}"
             )
         old = old[:, :T]
     elif old.shape[1] < T:
+        if bool(current.completion_mask[:, old.shape[1] :].any()):
+            raise ValueError(
+                f"the policy counts tokens up to position {T} but the rollout recorded log "
+                f"π_old for {old.shape[1]} position(s); collect it with the same policy"
+            )
         old = torch.nn.functional.pad(old, (0, T - old.shape[1]))
     return old  # (N, T)

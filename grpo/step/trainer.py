@@ -1,8 +1,9 @@
 """`GRPOTrainer`: the one training loop, for any policy and reward model (seed 004 section 4).
 
 One `train_step(states)`:
-1. roll out G actions per state and score them (`ExperienceCollector`);
-2. group-relative advantages (`AdvantageEstimator`);
+1. roll out G actions per state and score them (`grpo.step.collect`);
+2. group-relative advantages (`AdvantageEstimator`); then, unless it cannot
+   differ from the first gradient pass, a no-grad pass records log π_old;
 3. `num_epochs_per_update` epochs over sample-shuffled mini-batches of
    `batch_size` samples; every `gradient_accumulation_steps` mini-batches the
    gradient is clipped to `max_grad_norm` and the optimizer steps;
@@ -18,8 +19,9 @@ Departures from seed 004:
 - Mini-batch shuffling uses the trainer's own generator, seeded from
   `config.seed` and saved in checkpoints, so resumed runs are bitwise equal.
 - Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
-  `grpo.distributed` shards the states, gathers rewards and wraps the policy in
-  DDP or FSDP2, so that W processes compute what one process would.
+  `grpo.distributed.DataParallel` shards the states, gathers rewards and wraps
+  the policy in DDP or FSDP2, so that W processes compute what one process
+  would; in one process `SingleProcess` has the same methods and does nothing.
 - The no-grad pass that records log π_old is skipped when it cannot differ
   from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
   the loss then uses the detached current log-probs, ratio 1, same gradient.
@@ -30,7 +32,6 @@ Departures from seed 004:
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
@@ -43,11 +44,16 @@ from torch import Tensor
 
 from grpo import checkpoint, distributed
 from grpo.config import GRPOConfig
-from grpo.protocols import validate_policy_model, validate_reward_model
-from grpo.records import ExperienceBatch
+from grpo.protocols import hook, validate_policy_model, validate_reward_model
+from grpo.records import Rollout
 from grpo.step.advantages import AdvantageEstimator
-from grpo.step.collect import ExperienceCollector
-from grpo.step.minibatch import MiniBatch, accumulate, shuffled_mini_batches
+from grpo.step.collect import (
+    ExperienceCollector,
+    loss_token_counts,
+    sample_rollout,
+    score_old_logprobs,
+)
+from grpo.step.minibatch import MiniBatch, shuffled_mini_batches
 from grpo.step.objective import GRPOObjective
 
 __all__ = ["GRPOTrainer"]
@@ -100,17 +106,15 @@ class GRPOTrainer:
             clip_epsilon_high=config.clip_epsilon_high,
             max_completion_length=config.max_completion_length,
         )
-        self.data_parallel = None
-        if distributed.world_size() > 1:  # before the optimizer: FSDP2 replaces parameters
-            fsdp2 = getattr(distributed_config, "strategy", "") == "fsdp2"
-            if isinstance(optimizer, torch.optim.Optimizer) and fsdp2:
-                raise ValueError(
-                    "optimizer: FSDP2 shards the parameters, so an optimizer built before "
-                    "the trainer holds stale ones; pass optimizer=None or a factory params -> optimizer"
-                )
-            self.data_parallel = distributed.DataParallel(policy_model, distributed_config)
+        fsdp2 = getattr(distributed_config, "strategy", "") == "fsdp2"
+        if distributed.world_size() > 1 and fsdp2 and isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(
+                "optimizer: FSDP2 shards the parameters, so an optimizer built before "
+                "the trainer holds stale ones; pass optimizer=None or a factory params -> optimizer"
+            )
+        # before the optimizer: FSDP2 replaces the parameters
+        self.parallel = distributed.make_parallel(policy_model, distributed_config)
         if optimizer is None or callable(optimizer):
-            # built here, after any FSDP2 sharding replaced the parameters
             params = list(policy_model.get_parameters().values())
             build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
             optimizer = build(params)
@@ -127,22 +131,27 @@ class GRPOTrainer:
     def train_step(self, states: Sequence[Any]) -> dict[str, float]:
         """One GRPO update on `states`; returns detached scalar metrics."""
         start = time.perf_counter()
-        dp = self.data_parallel
-        batch = self.experience_collector.collect_experiences(
-            states if dp is None else dp.shard_states(states),
-            record_old_logprobs=not self._old_pass_redundant(len(states)),
-        )
-        collected = time.perf_counter()
-        rewards = batch if dp is None else dp.global_rewards(batch)  # every rank's rewards
-        advantages = self.advantage_estimator.compute_advantages(rewards)  # (N,) global
-        metrics = self._rollout_metrics(rewards.reward_groups, advantages)
-        metrics["collection_time"] = collected - start
-        metrics["advantage_time"] = time.perf_counter() - collected
+        G = self.config.group_size
+        local = sample_rollout(
+            self.policy, self.reward_model, self.parallel.shard_states(states), G
+        )  # this process's samples
+        sampled = time.perf_counter()
+        rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
+        advantages = self.advantage_estimator.from_rewards(rewards, G)  # (N,)
+        advantage_time = time.perf_counter() - sampled
+        counts = loss_token_counts(self.policy, local)  # (n,) or None: unknown unscored
+        if counts is None or not self._old_pass_redundant(len(rewards)):
+            local = score_old_logprobs(self.policy, local)
+            counts = loss_token_counts(self.policy, local)
+        tokens = self.parallel.gather(counts)  # (N,)
+        metrics = self._rollout_metrics(rewards.view(-1, G), advantages)
+        metrics["collection_time"] = time.perf_counter() - start - advantage_time
+        metrics["advantage_time"] = advantage_time
 
         self.policy.train()
         totals: dict[str, float] = defaultdict(float)
         for epoch in range(self.config.num_epochs_per_update):
-            epoch_means = self._run_epoch(batch, advantages, totals)
+            epoch_means = self._run_epoch(local, advantages, tokens, totals)
             metrics.update({f"epoch_{epoch}_{k}": epoch_means[k] for k in EPOCH_KEYS})
             self.epoch_count += 1
         metrics.update(self._step_summary(totals))
@@ -154,54 +163,46 @@ class GRPOTrainer:
         self.history.append(metrics)
         return metrics
 
-    def _old_pass_redundant(self, num_states: int) -> bool:
+    def _old_pass_redundant(self, N: int) -> bool:
         """True when log π_old would equal the first gradient pass's detached log-probs."""
         config = self.config
-        N = num_states * config.group_size
         one_update = (
             config.num_epochs_per_update == 1
             and config.batch_size * config.gradient_accumulation_steps >= N
         )
-        # one process only: data parallelism counts tokens from the recorded completion mask
         return (
             config.skip_redundant_old_logprobs
             and one_update
-            and self.data_parallel is None
-            and getattr(self.policy, "sampler_is_scorer", False) is True
+            and hook(self.policy, "sampler_is_scorer") is True
         )
 
     def _run_epoch(
-        self, batch: ExperienceBatch, advantages: Tensor, totals: dict[str, float]
+        self, local: Rollout, advantages: Tensor, tokens: Tensor, totals: dict[str, float]
     ) -> dict[str, float]:
         """One pass over shuffled mini-batches; returns the epoch's sample-weighted means."""
         mini_batches = list(
             shuffled_mini_batches(
-                batch, advantages, self.config.batch_size, self.generator, self.data_parallel
+                local, advantages, tokens, self.config.batch_size, self.generator, self.parallel
             )
         )
         window_size = self.config.gradient_accumulation_steps
         epoch_sums: dict[str, float] = defaultdict(float)
         for start in range(0, len(mini_batches), window_size):
             window = mini_batches[start : start + window_size]
-            window_samples = sum(mb.num_samples for mb in window)
+            window_samples = sum(mb.size for mb in window)
             finite = True
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(window):
                 # weighted so the window's gradient is that of one concatenated batch
-                weight = mb.num_samples / window_samples
+                weight = mb.size / window_samples
                 loss_dict = self._backward(mb, weight, sync=k == len(window) - 1)
                 finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
-                if self.data_parallel is None:
-                    accumulate(epoch_sums, loss_dict, mb.num_samples)
-                elif mb.scale:
+                if mb.scale:
                     distributed.accumulate_metrics(
-                        epoch_sums, loss_dict, len(mb.advantages), mb.num_samples
+                        epoch_sums, loss_dict, mb.samples.num_samples, mb.size
                     )
-            if self.data_parallel is not None:
-                finite = self.data_parallel.all_true(finite)
-            self._optimizer_step(finite, totals)
-        if self.data_parallel is not None:
-            epoch_sums = self.data_parallel.sum_metrics(epoch_sums)
+            self._optimizer_step(self.parallel.all_true(finite), totals)
+        epoch_sums = self.parallel.sum_metrics(epoch_sums)
         n = len(advantages)
         for key, value in epoch_sums.items():
             totals[key] += value
@@ -209,19 +210,13 @@ class GRPOTrainer:
         return {key: value / n for key, value in epoch_sums.items()}
 
     def _backward(self, mb: MiniBatch, weight: float, sync: bool) -> dict[str, Any]:
-        """Loss of one mini-batch, backpropagated with `weight`; returns the loss dict."""
+        """Loss of one mini-batch, backpropagated with `weight`; returns the loss dict.
+        Data-parallel: gradients are summed over ranks when `sync`."""
 
         def loss() -> dict[str, Any]:
-            return self.objective.compute_loss(
-                self.policy, self.reference_policy, mb.batch, mb.advantages, mb.global_counts
-            )
+            return self.objective.loss(self.policy, self.reference_policy, mb.samples, mb.counts)
 
-        scale = self._scale_loss
-        if self.data_parallel is not None:  # gradients summed over ranks when `sync`
-            return self.data_parallel.backward(loss, weight * mb.scale, sync, scale)
-        loss_dict = loss()
-        scale(loss_dict["total_loss"] * weight).backward()
-        return loss_dict
+        return self.parallel.backward(loss, weight * mb.scale, sync, self._scale_loss)
 
     def _scale_loss(self, loss: Tensor) -> Tensor:
         """The loss times the gradient scaler's factor (fp16 mixed precision), else itself."""
@@ -264,10 +259,9 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     # -------------------------------------------------------------- metrics
-    def _rollout_metrics(
-        self, reward_groups: list[list[float]], advantages: Tensor
-    ) -> dict[str, float]:
-        rewards = torch.tensor(reward_groups, dtype=torch.float64)  # (B, G)
+    def _rollout_metrics(self, rewards: Tensor, advantages: Tensor) -> dict[str, float]:
+        """Statistics of the global rewards (B, G) and advantages (N,)."""
+        rewards = rewards.double()  # (B, G)
         all_equal = (rewards == rewards[:, :1]).all(dim=1)  # (B,)
         return {
             "reward/mean": rewards.mean().item(),
@@ -297,13 +291,9 @@ class GRPOTrainer:
     # ----------------------------------------------------------- reference
     def _make_reference(self) -> Any:
         """A frozen copy of the policy (or the policy's own `make_reference()`)."""
-        make = getattr(self.policy, "make_reference", None)
-        if callable(make):
-            reference = make()
-        elif self.data_parallel is not None:  # FSDP2 modules cannot be deep-copied
-            reference = self.data_parallel.copy_policy(self.policy)
-        else:
-            reference = copy.deepcopy(self.policy)
+        make = hook(self.policy, "make_reference")
+        # the parallel copy: FSDP2 modules cannot be deep-copied
+        reference = make() if callable(make) else self.parallel.copy_policy(self.policy)
         own = {id(p) for p in self.policy.get_parameters().values()}
         for p in reference.get_parameters().values():
             if id(p) not in own:  # never freeze weights the policy itself trains
@@ -323,17 +313,14 @@ class GRPOTrainer:
         Data-parallel: call on every rank (gathering FSDP2 shards is collective); the
         full (unsharded) state is complete on rank 0.
         """
-        dp = self.data_parallel
-        model_state = checkpoint.model_state if dp is None else dp.model_state
+        model_state = self.parallel.model_state
         return {
             "format_version": checkpoint.FORMAT_VERSION,
             "policy": model_state(self.policy),
             "reference_policy": (
                 None if self.reference_policy is None else model_state(self.reference_policy)
             ),
-            "optimizer": (
-                self.optimizer.state_dict() if dp is None else dp.optimizer_state(self.optimizer)
-            ),
+            "optimizer": self.parallel.optimizer_state(self.optimizer),
             "step_count": self.step_count,
             "epoch_count": self.epoch_count,
             "best_loss": self.best_loss,
@@ -345,17 +332,13 @@ class GRPOTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (on every rank, for any number of ranks)."""
-        dp = self.data_parallel
-        load_model_state = checkpoint.load_model_state if dp is None else dp.load_model_state
+        load_model_state = self.parallel.load_model_state
         load_model_state(self.policy, state["policy"])
         if state.get("reference_policy") is not None:
             if self.reference_policy is None:
                 self.reference_policy = self._make_reference()
             load_model_state(self.reference_policy, state["reference_policy"])
-        if dp is None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            dp.load_optimizer_state(self.optimizer, state["optimizer"])
+        self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
         self.step_count = int(state["step_count"])
         self.epoch_count = int(state.get("epoch_count", 0))
         self.best_loss = float(state.get("best_loss", math.inf))

@@ -1,10 +1,13 @@
 """grpo: Group-Relative Policy Optimisation for any policy you can sample and score.
 
-The public API follows seed 004: bring a `PolicyModel` and a `RewardModel`
-(duck-typed, see `grpo.protocols`), build a `GRPOTrainer`, call `train_step`.
+Two ways in:
+- text models: `TextTrainer(model, rewards, train_dataset, ...).train()` runs what
+  `grpo train CONFIG.yaml` runs, on your own prompts and reward functions;
+- any model (seed 004's API): bring a `PolicyModel` and a `RewardModel`
+  (duck-typed, see `grpo.protocols`), build a `GRPOTrainer`, call `train_step`.
 
-Names are resolved lazily so that `import grpo` stays cheap: torch is imported
-only when a name below is first used, and transformers never by this module.
+Names are resolved lazily so that `import grpo` stays cheap: torch and
+transformers are imported only when a name that needs them is first used.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
+    "TextTrainer": "grpo.run.text",
+    "RunConfig": "grpo.run.config",
+    "TextReward": "grpo.rewards.combine",
+    "CausalLMPolicy": "grpo.lm.policy",
+    "CausalLMSettings": "grpo.lm.policy",
+    "GenerationSettings": "grpo.lm.sampling",
+    "MaskedFillPolicy": "grpo.masked_fill.policy",
+    "MaskedFillConfig": "grpo.masked_fill.policy",
     "GRPOTrainer": "grpo.step.trainer",
     "GRPOConfig": "grpo.config",
     "PolicyModel": "grpo.protocols",
@@ -28,11 +39,19 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CausalLMPolicy",
+    "CausalLMSettings",
     "ExperienceBatch",
+    "GenerationSettings",
     "GRPOConfig",
     "GRPOTrainer",
+    "MaskedFillConfig",
+    "MaskedFillPolicy",
     "PolicyModel",
     "RewardModel",
+    "RunConfig",
+    "TextReward",
+    "TextTrainer",
     "TokenLevelPolicy",
     "TokenLogProbs",
     "validate_policy_model",
@@ -41,6 +60,9 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover - for static type checkers only
     from grpo.config import GRPOConfig
+    from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+    from grpo.lm.sampling import GenerationSettings
+    from grpo.masked_fill.policy import MaskedFillConfig, MaskedFillPolicy
     from grpo.protocols import (
         PolicyModel,
         RewardModel,

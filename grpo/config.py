@@ -75,7 +75,8 @@ class GRPOConfig:
     gradient_accumulation_steps: int = 1
     """Mini-batches whose gradients are summed into one optimizer step."""
     learning_rate: float = 1e-4
-    """Adam learning rate, used only when the trainer builds its own optimizer."""
+    """Adam learning rate, used only when the trainer builds its own optimizer; a `grpo train`
+    run rejects this key (its optimizer's rate is schedule.learning_rate)."""
     seed: int = 0
     """Seeds the trainer's mini-batch shuffling generator (saved in checkpoints)."""
     skip_redundant_old_logprobs: bool = True

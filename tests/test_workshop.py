@@ -1,16 +1,17 @@
-"""Tests for grpo.workshop (the checker) and the workshop/ folder it checks."""
+"""Tests for workshop/check.py (the checker) and the workshop/ folder it checks."""
 
 import importlib
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-import grpo.workshop
-from grpo.workshop import PARTS, REPO_ROOT, _format, check, main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workshop/ is at a clone's root
 
-sys.path.insert(0, str(REPO_ROOT))  # the workshop/ folder lives at the root of a clone
+import workshop.check  # noqa: E402
+from workshop.check import PARTS, _format, check, main  # noqa: E402
 
 
 def test_solutions_pass_every_part():
@@ -130,7 +131,7 @@ def test_scratch_checks_accept_the_seed_forms_and_catch_a_missing_shift(capsys):
 
 def test_without_the_tests_folder_the_checker_says_to_use_a_clone(tmp_path, monkeypatch, capsys):
     """Outside a clone (no tests/ beside the package) the checker explains instead of failing."""
-    monkeypatch.setattr(grpo.workshop, "TESTS_DIR", tmp_path / "tests")
+    monkeypatch.setattr(workshop.check, "TESTS_DIR", tmp_path / "tests")
     with pytest.raises(FileNotFoundError, match="clone of the repository"):
         check(1)
     assert main(["check", "--part", "1"]) == 2

@@ -8,7 +8,7 @@ idea, no abstractions, every line explicit. Fill in the functions marked
 YOUR CODE from the top; each has an inline check against a tiny model or a
 hand-computed value, and checkpoint questions to answer before looking at the
 answers. Then carry what you wrote into workshop/stubs/ (the library-grade
-versions, checked by `python -m grpo.workshop check`).
+versions, checked by `python -m workshop.check`).
 """
 
 from __future__ import annotations

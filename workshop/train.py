@@ -38,7 +38,7 @@ from grpo.functional.losses import Clip  # noqa: E402
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings  # noqa: E402
 from grpo.lm.sampling import GenerationSettings  # noqa: E402
 from grpo.rewards.parsers import ParseResult  # noqa: E402
-from grpo.workshop import PARTS, as_token_loss  # noqa: E402
+from workshop.check import PARTS, as_token_loss  # noqa: E402
 
 COLOURS = ("red", "green", "blue", "yellow")
 WORDS = ("<pad>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>", "say", "or", "one", "word",
@@ -153,7 +153,7 @@ def first_unwritten(parts, tokenizer) -> str | None:
             return (
                 f"part {number} ({part.title}) is not written yet: write {function} in "
                 f"workshop/stubs/{part.module}.py first,\nthen check it with "
-                f"`python -m grpo.workshop check --part {number}` and run this script again."
+                f"`python -m workshop.check --part {number}` and run this script again."
             )
     return None
 

@@ -5,7 +5,6 @@
     grpo eval CONFIG.yaml [--model PATH]         held-out evaluation of a model
     grpo sample CONFIG.yaml [--model PATH] [--prompt TEXT ...] [-n N]
     grpo presets                                 the algorithm presets and their values
-    grpo workshop check [--part N]               check workshop functions (in a clone)
 
 A config is rejected before any model loads when a key is unknown, a value
 has the wrong type, or values contradict each other; the message names the
@@ -52,8 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
     commands.add_parser("presets", help="list the algorithm presets")
-    workshop = commands.add_parser("workshop", help="the GRPO workshop (see workshop/README.md)")
-    workshop.add_argument("args", nargs=argparse.REMAINDER, help="check [--part N] [--module M]")
     return parser
 
 
@@ -165,18 +162,11 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workshop(args: argparse.Namespace) -> int:
-    from grpo.workshop import main as workshop_main
-
-    return workshop_main(args.args)
-
-
 COMMANDS = {
     "train": _train,
     "eval": _eval,
     "sample": _sample,
     "presets": _presets,
-    "workshop": _workshop,
 }
 
 

@@ -7,14 +7,7 @@ formula, denominator and source.
 """
 
 from grpo.functional.advantages import BASELINES, SCALES, group_advantages
-from grpo.functional.credit import (
-    ALGORITHMS,
-    CREDIT_ASSIGNERS,
-    LOSSES,
-    Algorithm,
-    compose,
-    returns,
-)
+from grpo.functional.importance import logprob_gap, truncated_importance_weights
 from grpo.functional.kl import KL_ESTIMATORS, kl_estimate
 from grpo.functional.logprobs import (
     DEFAULT_CHUNK_ELEMENTS,
@@ -30,27 +23,29 @@ from grpo.functional.losses import (
     aggregate,
     policy_loss,
 )
+from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
+from grpo.functional.sampling import choose_tokens, filter_logits
 
 __all__ = [
     "AGGREGATIONS",
-    "ALGORITHMS",
     "BASELINES",
-    "CREDIT_ASSIGNERS",
     "Clip",
     "DEFAULT_CHUNK_ELEMENTS",
     "KL_ESTIMATORS",
-    "LOSSES",
     "POLICY_LOSSES",
     "SCALES",
-    "Algorithm",
     "TokenLoss",
     "aggregate",
+    "choose_tokens",
     "completion_logprobs",
-    "compose",
     "entropy_from_logits",
+    "filter_logits",
     "group_advantages",
     "kl_estimate",
+    "logprob_gap",
+    "output_layer_entropy",
+    "output_layer_logprobs",
     "policy_loss",
-    "returns",
     "selective_log_softmax",
+    "truncated_importance_weights",
 ]

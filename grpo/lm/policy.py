@@ -24,7 +24,6 @@ Choices:
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +49,7 @@ from grpo.lm.sampling import (
     get_prompt,
     split_completion,
 )
-from grpo.lm.scoring import score_completions
+from grpo.lm.scoring import ScoringSettings, score_completions
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings"]
@@ -110,7 +109,6 @@ class CausalLMPolicy:
         self.rollout_metrics: dict[str, float] = {}
         """Statistics of the last `generate_actions` call and of the last no-grad scoring."""
         self._sampling_calls = 0
-        self._keeps_logits = "logits_to_keep" in inspect.signature(_base(model).forward).parameters
         if self.settings.disable_dropout:
             for module in model.modules():
                 if isinstance(module, nn.Dropout):
@@ -260,13 +258,30 @@ class CausalLMPolicy:
         Without gradient (the rollout's old log-probs), actions sampled by another
         engine also get the gap between its log-probs and these in `rollout_metrics`.
         """
-        out = score_completions(self, self.model, states, actions, record_metrics=True)
-        if not torch.is_grad_enabled():
+        if len(states) != len(actions):
+            raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
+        out, metrics = score_completions(self.model, actions, self.scoring_settings())
+        if not torch.is_grad_enabled():  # the rollout's pass: its statistics are rollout metrics
+            if "entropy/mean" in metrics:
+                self.rollout_metrics["entropy/rollout_mean"] = metrics["entropy/mean"]
             tis_cap = self.rollout_engine.tis_cap
             self.rollout_metrics.update(
                 gap_metrics(actions, out.logprobs, out.completion_mask, tis_cap)
             )
         return out
+
+    def scoring_settings(self) -> ScoringSettings:
+        """What scoring completions depends on, from this policy's settings."""
+        s = self.settings
+        return ScoringSettings(
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_ids=tuple(self.eos_token_ids),
+            temperature=s.generation.temperature,
+            micro_batch_size=s.micro_batch_size,
+            compute_entropy=s.compute_entropy,
+            chunked_output_layer=s.chunked_output_layer,
+            mask_truncated_completions=s.mask_truncated_completions,
+        )
 
     def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:
         """(N,) tokens the loss counts per completion, without scoring: up to and including
@@ -329,10 +344,6 @@ def _enable_checkpointing(model: nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if is_peft_model(model) else model
 
 
 def _eos_ids(model: nn.Module, tokenizer: Any) -> list[int]:

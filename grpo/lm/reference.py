@@ -51,7 +51,7 @@ class AdapterDisabledReference:
         model.eval()  # no dropout in the reference, whatever mode the policy is in
         try:
             with torch.no_grad(), model.disable_adapter():
-                out = score_completions(self.policy, model, states, actions)
+                out, _ = score_completions(model, actions, self.policy.scoring_settings())
         finally:
             model.train(was_training)
         return out

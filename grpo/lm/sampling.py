@@ -1,4 +1,4 @@
-"""Sampling G completions per prompt from a transformers causal LM.
+"""Sampling settings and the pieces every rollout engine shares: prompts in, completions out.
 
 Follows seed 001 (sampling in eval mode under `no_grad`, the previous mode
 restored afterwards; temperature and nucleus sampling) and the usual GRPO
@@ -22,7 +22,7 @@ Departures and choices:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +34,6 @@ __all__ = [
     "encode_prompt",
     "get_prompt",
     "left_pad",
-    "sample_in_chunks",
-    "sample_token_ids",
     "split_completion",
 ]
 
@@ -192,73 +190,3 @@ def _stop_string_end(ids: list[int], stop_strings: tuple[str, ...], tokenizer: A
         if any(s in text for s in stop_strings):
             return k
     return None  # pragma: no cover - the full text contained a stop string
-
-
-def sample_token_ids(
-    model: Any,
-    tokenizer: Any,
-    prompt_rows: Sequence[Sequence[int]],
-    settings: GenerationSettings,
-    eos_ids: list[int],
-    seed: int | None,
-) -> list[list[int]]:
-    """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T)."""
-    from transformers import GenerationConfig, StoppingCriteriaList
-
-    config = GenerationConfig(
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=list(eos_ids),
-        **settings.generation_config_kwargs(),
-    )
-
-    def decode(ids: Tensor, mask: Tensor) -> list[list[int]]:
-        stop = StoppingCriteriaList()
-        if settings.stop_strings:
-            stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
-        sequences = model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
-        )
-        return sequences[:, ids.shape[1] :].tolist()  # (n, <= max_new_tokens)
-
-    device = next(model.parameters()).device
-    return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)
-
-
-def sample_in_chunks(
-    prompt_rows: Sequence[Sequence[int]],
-    settings: GenerationSettings,
-    seed: int | None,
-    pad_id: int,
-    device: torch.device,
-    decode: Callable[[Tensor, Tensor], list[list[int]]],
-) -> list[list[int]]:
-    """Run `decode(ids (n, L), attention_mask (n, L))` on left-padded chunks of at most
-    `generation_batch_size` rows, under a forked RNG seeded with `seed` -> new ids per row."""
-    step = settings.generation_batch_size or len(prompt_rows)
-    devices = [device] if device.type == "cuda" else []
-    out: list[list[int]] = []
-    with torch.random.fork_rng(devices=devices, enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        for start in range(0, len(prompt_rows), step):
-            ids, mask = left_pad(prompt_rows[start : start + step], pad_id)
-            out.extend(decode(ids.to(device), mask.to(device)))
-    return out
-
-
-class _StopStrings:
-    """Stopping criterion: a row is done once its new text contains a stop string.
-
-    Decoding the new tokens works with any tokenizer, where matching strings
-    against the vocabulary (transformers' `stop_strings`) needs one it can parse.
-    """
-
-    def __init__(self, stop_strings: tuple[str, ...], tokenizer: Any, prompt_width: int) -> None:
-        self.stop_strings = stop_strings
-        self.tokenizer = tokenizer
-        self.prompt_width = prompt_width
-
-    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width :])
-        done = [any(s in text for s in self.stop_strings) for text in texts]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # (n,)

@@ -22,15 +22,18 @@ Choices:
   model sharded by FSDP2 is refused, since only its own forward gathers the
   shards.
 
-`policy` is a `CausalLMPolicy` (its tokenizer, settings, EOS ids); `model` is
-the network to run, which for a LoRA reference is the same PEFT model with its
-adapters disabled.
+Everything scoring needs arrives explicitly (`ScoringSettings`, which
+`CausalLMPolicy.scoring_settings()` builds), and what it measures is returned,
+not stored: `model` is the network to run, which for a LoRA reference is the
+same PEFT model with its adapters disabled.
 """
 
 from __future__ import annotations
 
+import inspect
+import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,51 +45,53 @@ from grpo.lm.completion import Completion
 from grpo.lm.sampling import left_pad
 from grpo.protocols import TokenLogProbs
 
-__all__ = ["score_completions"]
+__all__ = ["ScoringSettings", "score_completions"]
+
+# models whose logits were checked to be their output layer of their last hidden states
+_FOLDING_CHECKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+class ScoringSettings(NamedTuple):
+    """What scoring a causal LM's completions depends on."""
+
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]  # a completion's mask ends at the first of these (counted)
+    temperature: float  # the sampling temperature: log-probs are of the sampled distribution
+    micro_batch_size: int  # rows per forward pass
+    compute_entropy: bool
+    chunked_output_layer: bool
+    mask_truncated_completions: bool
 
 
 def score_completions(
-    policy: Any,
-    model: nn.Module,
-    states: Sequence[Any],
-    actions: Sequence[Completion],
-    *,
-    record_metrics: bool = False,
-) -> TokenLogProbs:
-    """Score `actions` with `model` in micro-batches -> TokenLogProbs padded to the longest T.
-
-    `record_metrics`: a no-grad pass (the rollout) stores its mean entropy in
-    `policy.rollout_metrics`.
-    """
-    if len(states) != len(actions):
-        raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
+    model: nn.Module, actions: Sequence[Completion], settings: ScoringSettings
+) -> tuple[TokenLogProbs, dict[str, float]]:
+    """Score `actions` with `model` in micro-batches -> (TokenLogProbs padded to the longest T,
+    metrics): "entropy/mean" over counted tokens when the entropy is computed."""
     for n, action in enumerate(actions):
         if not isinstance(action, Completion):
             raise TypeError(f"action {n}: got {type(action).__name__}; allowed: Completion")
     T = max([a.num_tokens for a in actions] + [1])
-    step = policy.settings.micro_batch_size
+    step = settings.micro_batch_size
     parts = [
-        _score_micro_batch(policy, model, actions[s : s + step])
+        _score_micro_batch(model, actions[s : s + step], settings)
         for s in range(0, len(actions), step)
     ]
     logprobs = torch.cat([F.pad(p[0], (0, T - p[0].shape[1])) for p in parts])  # (N, T)
     mask = torch.cat([F.pad(p[1], (0, T - p[1].shape[1])) for p in parts])  # (N, T)
-    entropy = None
-    if policy.settings.compute_entropy:
+    entropy, metrics = None, {}
+    if settings.compute_entropy:
         entropy = torch.cat([F.pad(p[2], (0, T - p[2].shape[1])) for p in parts])  # (N, T)
-        if (
-            record_metrics and not torch.is_grad_enabled()
-        ):  # the rollout pass: report it as a metric
-            counted = mask.sum().clamp(min=1)
-            policy.rollout_metrics["entropy/rollout_mean"] = float((entropy * mask).sum() / counted)
-    return TokenLogProbs(logprobs, mask, entropy)
+        counted = mask.sum().clamp(min=1)
+        metrics["entropy/mean"] = float((entropy.detach() * mask).sum() / counted)
+    return TokenLogProbs(logprobs, mask, entropy), metrics
 
 
 def _score_micro_batch(
-    policy: Any, model: nn.Module, actions: Sequence[Completion]
+    model: nn.Module, actions: Sequence[Completion], settings: ScoringSettings
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """One forward over [left-padded prompt | right-padded completion] -> (n, T) each."""
-    pad = policy.tokenizer.pad_token_id
+    pad = settings.pad_token_id
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = left_pad([a.prompt_ids for a in actions], pad)  # (n, P)
     T = max([a.num_tokens for a in actions] + [1])
@@ -105,48 +110,53 @@ def _score_micro_batch(
         "position_ids": position_ids,
     }
     completion_ids = completion_ids.to(device)
-    score = _score_folded if policy.settings.chunked_output_layer else _score_logits
-    logprobs, entropy = score(policy, model, inputs, completion_ids)  # (n, T) each
-    mask = _completion_mask(actions, completion_ids, present.to(device), policy)  # (n, T)
+    score = _score_folded if settings.chunked_output_layer else _score_logits
+    logprobs, entropy = score(model, inputs, completion_ids, settings)  # (n, T) each
+    mask = _completion_mask(actions, completion_ids, present.to(device), settings)  # (n, T)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
     if entropy is not None:
         entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
     return logprobs, mask, entropy
 
 
+def _keeps_logits(model: nn.Module) -> bool:
+    """True when the model's forward can compute the last k logits only (`logits_to_keep`)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def _score_logits(
-    policy: Any, model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor
+    model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the model's own logits of the last T + 1 positions."""
     T = completion_ids.shape[1]
-    keep = {"logits_to_keep": T + 1} if policy._keeps_logits else {}
+    keep = {"logits_to_keep": T + 1} if _keeps_logits(model) else {}
     logits = model(**inputs, use_cache=False, **keep).logits  # (n, T+1, V) or (n, P+T, V)
-    temperature = policy.settings.generation.temperature
+    temperature = settings.temperature
     logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
     entropy = None
-    if policy.settings.compute_entropy:
+    if settings.compute_entropy:
         scoring = logits[:, logits.shape[1] - T - 1 : -1]  # (n, T, V) same shift as the log-probs
         entropy = entropy_from_logits(scoring, temperature)
     return logprobs, entropy
 
 
 def _score_folded(
-    policy: Any, model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor
+    model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states and the output layer, in row
     chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor is ever made."""
     T = completion_ids.shape[1]
     body, head = _body_and_head(model)
     hidden = body(**inputs, use_cache=False).last_hidden_state  # (n, P+T, H)
-    if not getattr(policy, "_output_layer_checked", False):
+    if model not in _FOLDING_CHECKED:
         _check_folding(model, inputs, hidden, head)
-        policy._output_layer_checked = True
+        _FOLDING_CHECKED.add(model)
     scoring = hidden[:, hidden.shape[1] - T - 1 : -1]  # (n, T, H) position t scores token t+1
-    temperature = policy.settings.generation.temperature
-    folded = {"bias": head.bias, "temperature": temperature}
+    folded = {"bias": head.bias, "temperature": settings.temperature}
     logprobs = output_layer_logprobs(scoring, head.weight, completion_ids, **folded)  # (n, T)
     entropy = None
-    if policy.settings.compute_entropy:
+    if settings.compute_entropy:
         entropy = output_layer_entropy(scoring, head.weight, **folded)  # (n, T)
     return logprobs, entropy
 
@@ -175,7 +185,7 @@ def _check_folding(
     model: nn.Module, inputs: dict[str, Tensor], hidden: Tensor, head: nn.Linear
 ) -> None:
     """The model's own logits of one row must be its output layer applied to its hidden states
-    (not so with logit soft-capping or scaling); checked once per policy."""
+    (not so with logit soft-capping or scaling); checked once per model."""
     with torch.no_grad():
         row = {key: value[:1] for key, value in inputs.items()}
         expected = model(**row, use_cache=False).logits[0, -1].float()  # (V,)
@@ -190,16 +200,16 @@ def _check_folding(
 
 
 def _completion_mask(
-    actions: Sequence[Completion], completion_ids: Tensor, present: Tensor, policy: Any
+    actions: Sequence[Completion], completion_ids: Tensor, present: Tensor, settings: ScoringSettings
 ) -> Tensor:
     """True up to and including the first EOS of each real completion -> (n, T) bool."""
     is_eos = torch.isin(
-        completion_ids, torch.tensor(policy.eos_token_ids, device=completion_ids.device)
+        completion_ids, torch.tensor(settings.eos_token_ids, device=completion_ids.device)
     )
     is_eos = is_eos & present.bool()  # (n, T)
     eos_before = is_eos.long().cumsum(-1) - is_eos.long()  # (n, T) EOS strictly before t
     mask = present.bool() & (eos_before == 0)  # (n, T)
-    if policy.settings.mask_truncated_completions:
+    if settings.mask_truncated_completions:
         truncated = torch.tensor([a.truncated for a in actions], device=mask.device)  # (n,)
         mask = mask & ~truncated[:, None]
     return mask

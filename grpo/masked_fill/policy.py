@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.functional import entropy_from_logits, selective_log_softmax
+from grpo.functional import entropy_from_logits, filter_logits, selective_log_softmax
 from grpo.protocols import TokenLogProbs
 
-__all__ = ["MaskedFillConfig", "MaskedFillPolicy", "REDUCTIONS", "top_p_filter"]
+__all__ = ["MaskedFillConfig", "MaskedFillPolicy", "REDUCTIONS"]
 
 
 def _sum_over_mask(logprobs: Tensor, completion_mask: Tensor) -> Tensor:
@@ -102,21 +102,6 @@ class MaskedFillConfig:
                 raise ValueError(
                     f"MaskedFillConfig.{field}={value!r} is invalid: expected {allowed}"
                 )
-
-
-def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
-    """Zero the tail of each row outside its nucleus of mass `top_p`: (M, V) -> (M, V).
-
-    A token is kept when the mass of the tokens strictly more likely than it is
-    below `top_p`, so the most likely token is always kept (Holtzman et al.,
-    2020, "The Curious Case of Neural Text Degeneration").
-    """
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (M, V)
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # (M, V) mass of more likely tokens
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)  # back to vocab order
 
 
 class MaskedFillPolicy:
@@ -230,8 +215,8 @@ class MaskedFillPolicy:
             masked = self._masked_logits(self._logits(ids, attention), completion_mask)  # (M, V)
         finally:
             self.model.train(was_training)
-        probs = torch.softmax(masked / self.config.temperature, dim=-1)  # (M, V)
-        probs = top_p_filter(probs, self.config.top_p)
+        # nucleus truncation as every engine applies it (Holtzman et al. 2020)
+        probs = filter_logits(masked / self.config.temperature, top_p=self.config.top_p).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (M,)
         actions = ids.clone()
         actions[completion_mask] = tokens  # unmasked positions are copied through

@@ -30,7 +30,7 @@ from grpo.distributed import DistributedConfig
 from grpo.lm.engines import RolloutSettings
 from grpo.lm.loading import DTYPES, LoraSettings
 from grpo.lm.policy import CausalLMSettings
-from grpo.lm_training import EvalConfig
+from grpo.run.evaluation import EvalConfig
 from grpo.run.loop import ScheduleConfig, check_int
 
 __all__ = [
@@ -210,6 +210,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_int("config", "prompts_per_step", self.prompts_per_step)
         check_int("config", "seed", self.seed, minimum=0)
+        if self.grpo.learning_rate != GRPOConfig.learning_rate:
+            raise ValueError(
+                f"grpo.learning_rate: got {self.grpo.learning_rate}; a run's optimizer takes its "
+                "rate from the schedule; allowed: set schedule.learning_rate instead"
+            )
 
 
 def check_combinations(config: RunConfig, *, builtin_task: bool) -> None:

@@ -59,9 +59,15 @@ def _dotlist(overrides: Sequence[str]) -> Any:
         raise ConfigError(f"--set: {err}") from err
 
 
-def merged_values(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The plain nested dict of run defaults, preset, file and overrides, merged in that order."""
-    layers = [_read(path)] if path is not None else []
+def merged_values(
+    source: str | os.PathLike[str] | Mapping[str, Any] | None, overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The plain nested dict of run defaults, preset, `source` (a YAML file or a mapping of
+    sections) and overrides, merged in that order."""
+    if isinstance(source, Mapping):
+        layers = [OmegaConf.create(dict(source))]
+    else:
+        layers = [_read(source)] if source is not None else []
     layers.append(_dotlist(overrides))
     top = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=False)
     preset = top.get("preset")
@@ -75,6 +81,12 @@ def merged_values(path: str | None, overrides: Sequence[str] = ()) -> dict[str, 
     except OmegaConfBaseException as err:
         raise ConfigError(f"config: {err}") from err
     _fill_constant_length(values)
+    grpo = values.get("grpo")
+    if isinstance(grpo, Mapping) and "learning_rate" in grpo:
+        raise ConfigError(
+            "grpo.learning_rate: a run's optimizer takes its rate from the schedule; "
+            "allowed: set schedule.learning_rate instead"
+        )
     return values
 
 
@@ -87,25 +99,35 @@ def _fill_constant_length(values: dict[str, Any]) -> None:
             grpo["max_completion_length"] = generation.get("max_new_tokens", 256)
 
 
-def load_config(path: str | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """The checked `RunConfig` of a file plus overrides (run directory defaulted from the name)."""
-    config = from_dict(RunConfig, merged_values(path, overrides))
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | None,
+    overrides: Sequence[str] = (),
+    *,
+    builtin_task: bool | None = None,
+) -> RunConfig:
+    """The checked `RunConfig` of a YAML file (or a mapping of sections) plus overrides; the
+    run directory defaults to runs/<file name>. `builtin_task` None: judged from task.name."""
+    config = from_dict(RunConfig, merged_values(source, overrides))
     if config.run.dir is None:
-        stem = Path(path).stem if path is not None else "run"
+        stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "run"
         config.run.dir = str(Path("runs") / stem)
     name = config.task.name
-    if name not in BUILTIN_TASKS and ":" not in name:
+    if builtin_task is None and name not in BUILTIN_TASKS and ":" not in name:
         raise ConfigError(
             f"task.name: got {name!r}; allowed: {', '.join(BUILTIN_TASKS)} or "
             "'module:function' / 'file.py:function' for your own task"
         )
     try:
-        check_combinations(config, builtin_task=name in BUILTIN_TASKS)
+        builtin = name in BUILTIN_TASKS if builtin_task is None else builtin_task
+        check_combinations(config, builtin_task=builtin)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     return config
 
 
 def resolved_yaml(config: RunConfig) -> str:
-    """The full config, every default filled in, as YAML (what a run directory records)."""
-    return yaml.safe_dump(to_dict(config), sort_keys=False, allow_unicode=True)
+    """The full config, every default filled in, as YAML (what a run directory records).
+    grpo.learning_rate is left out: a run rejects it (the rate is schedule.learning_rate)."""
+    values = to_dict(config)
+    values["grpo"].pop("learning_rate", None)
+    return yaml.safe_dump(values, sort_keys=False, allow_unicode=True)

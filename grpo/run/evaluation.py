@@ -14,14 +14,43 @@ completion, reward) for the log.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from grpo.rewards.combine import TextReward
+from grpo.run.loop import check_int
 
-__all__ = ["MODES", "evaluate"]
+__all__ = ["MODES", "EvalConfig", "evaluate"]
 
 # generation overrides per evaluation mode (None = the policy's own settings)
 MODES: dict[str, dict[str, Any]] = {"greedy": {"do_sample": False}, "sampled": {}}
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: always at the start and the end, and every `every` steps."""
+
+    every: int = 0
+    """Evaluate after every this many steps as well; 0 = only at start and end."""
+    modes: tuple[str, ...] = ("greedy", "sampled")
+    """Greedy decoding and/or the policy's own sampling settings."""
+    samples_per_prompt: int = 1
+    """Completions per prompt in the sampled mode."""
+    batch_size: int = 32
+    """Prompts per generation call."""
+    num_logged_samples: int = 3
+    """(prompt, completion, reward) examples logged per mode at each evaluation."""
+
+    def __post_init__(self) -> None:
+        self.modes = tuple(self.modes)
+        check_int("evaluation", "every", self.every, minimum=0)
+        check_int("evaluation", "samples_per_prompt", self.samples_per_prompt)
+        check_int("evaluation", "batch_size", self.batch_size)
+        check_int("evaluation", "num_logged_samples", self.num_logged_samples, minimum=0)
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ValueError(f"evaluation.modes: got {mode!r}; allowed: {', '.join(MODES)}")
+
 
 
 def evaluate(

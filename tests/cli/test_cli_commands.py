@@ -95,11 +95,3 @@ def test_eval_of_a_missing_model_is_one_clear_line(tmp_path, capsys):
     """--model pointing nowhere is rejected as a config error naming model.path."""
     assert main(["eval", write(tmp_path), "--model", str(tmp_path / "none")]) == 2
     assert "model.path" in capsys.readouterr().err
-
-
-def test_workshop_check_runs_from_the_grpo_command(capsys):
-    """`grpo workshop check --part 2` on the untouched stubs: one 'not written yet' line, exit 1."""
-    assert main(["workshop", "check", "--part", "2"]) == 1
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("part 2  group advantages")
-    assert out[0].endswith("not written yet: group_advantages")

@@ -6,7 +6,7 @@ that is not in the input at all. GRPO needs log p(token | everything before it)
 for each of the T completion tokens, so the T completion tokens at positions
 P..P+T-1 are scored by the logits at positions P-1..P+T-2.
 
-Check: python -m grpo.workshop check --part 1
+Check: python -m workshop.check --part 1
 Library version: grpo/functional/logprobs.py (chunked, to save memory).
 """
 

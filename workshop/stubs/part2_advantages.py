@@ -10,7 +10,7 @@ same scale. The variants below change one of the two pieces:
 - scale "group" (std of the group + eps), "batch" (std of all N rewards + eps),
   "none" (Dr. GRPO, Liu et al. 2025: no division).
 
-Check: python -m grpo.workshop check --part 2
+Check: python -m workshop.check --part 2
 Library version: grpo/functional/advantages.py.
 """
 

@@ -16,7 +16,7 @@ The library calls these through its tables POLICY_LOSSES["reinforce"] and
 AGGREGATIONS[...]; before calling them it has already replaced the padded
 positions (completion_mask False) of `logprobs` and `values` with 0.
 
-Check: python -m grpo.workshop check --part 3
+Check: python -m workshop.check --part 3
 Library version: grpo/functional/losses.py.
 """
 

@@ -17,7 +17,7 @@ environments and their conversations:
     batched.step(texts, token_ids=..., parser=...)   # one text per active episode
     batched.rollouts()                       # one EpisodeRollout per env, at the end
 
-Check: python -m grpo.workshop check --part 4
+Check: python -m workshop.check --part 4
 Library version: grpo/envs/rollout.py.
 """
 

@@ -18,7 +18,7 @@ Two refinements the library's tests ask for:
   message whose rendering changed earlier tokens: a silently shifted mask trains
   on the wrong tokens.
 
-Check: python -m grpo.workshop check --part 5
+Check: python -m workshop.check --part 5
 Library version: grpo/envs/chat_mask.py.
 """
 

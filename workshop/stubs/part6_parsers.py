@@ -12,7 +12,7 @@ The rollout loop (part 4) hands the parsed action to the environment, and a
 failure's `obs` to the model instead. `tag_parser`, `regex_parser` and
 `strip_parser` in grpo/rewards/parsers.py are building blocks to try it with.
 
-Check: python -m grpo.workshop check --part 6
+Check: python -m workshop.check --part 6
 Library version: grpo/rewards/parsers.py.
 """
 

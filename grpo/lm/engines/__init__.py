@@ -1,21 +1,31 @@
-"""Rollout engines for causal-LM policies: transformers `generate`, or vLLM sharing the weights.
+"""Rollout engines for causal-LM policies, by name.
 
-    policy = CausalLMPolicy.from_pretrained(path, rollout=RolloutSettings(engine="vllm"))
+    policy = CausalLMPolicy.from_pretrained(path, rollout=RolloutSettings(engine="lean"))
 
-`RolloutSettings` / `VLLMSettings` configure them (the `rollout:` section of a
-run's YAML); `ROLLOUT_ENGINES` maps each engine name to its constructor. The
-vLLM engine imports `vllm` only when it is built, so nothing here needs it.
-See docs/vllm.md.
+- "transformers" (`generate.py`, the default): the trainer's model samples with
+  `generate` (seed 001: eval mode, no_grad, the previous mode restored).
+- "lean" (`lean.py`): the trainer's model samples through a decoding loop over
+  its own layers (Llama-family models), with nothing else per token.
+- "vllm" (`vllm.py`, `weights.py`): an in-process vLLM engine computing with the
+  trainer's weights (seed 003); `vllm` itself is imported only when one is built.
+
+`base.py` holds the engine protocol and its records, `settings.py` the
+`rollout:` section of a run's YAML, `mismatch.py` the sampler-scorer gap and
+truncated importance weights for engines that are not the trainer. See docs/vllm.md.
 """
 
-from grpo.lm.engines.base import (
-    ROLLOUT_ENGINES,
-    RolloutEngine,
-    Samples,
-    TransformersEngine,
-    make_rollout_engine,
-)
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from grpo.lm.engines.base import RolloutEngine, Samples
+from grpo.lm.engines.generate import TransformersEngine
+from grpo.lm.engines.lean import LeanEngine
 from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
+from grpo.lm.engines.vllm import VLLMEngine
 
 __all__ = [
     "ENGINE_NAMES",
@@ -27,3 +37,17 @@ __all__ = [
     "VLLMSettings",
     "make_rollout_engine",
 ]
+
+ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, Any, RolloutSettings], RolloutEngine]] = {
+    "transformers": lambda model, tokenizer, rollout: TransformersEngine(model, tokenizer),
+    "lean": lambda model, tokenizer, rollout: LeanEngine(model, tokenizer),
+    "vllm": lambda model, tokenizer, rollout: VLLMEngine(model, tokenizer, rollout.vllm),
+}
+"""engine name -> constructor(model, tokenizer, rollout settings)."""
+
+
+def make_rollout_engine(
+    rollout: RolloutSettings, model: nn.Module, tokenizer: Any
+) -> RolloutEngine:
+    """The engine `rollout.engine` names, built for this model and tokenizer."""
+    return ROLLOUT_ENGINES[rollout.engine](model, tokenizer, rollout)

@@ -16,7 +16,7 @@ Choices:
 - Rows that end (EOS or a stop string) leave the batch at once: their cache
   rows are dropped, so later steps compute only for rows still decoding. Each
   step reads back which rows ended (one small device-to-host copy).
-- Sampling is `grpo.lm.engines.token_choice` (temperature, top-k, top-p, in
+- Sampling is `grpo.functional.sampling` (temperature, top-k, top-p, in
   `generate`'s order), under the same seeded, forked RNG as the transformers
   engine; the draws differ from `generate`'s once rows leave the batch.
 - Before its first rollout the engine checks itself on the model: the logits of
@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpo.lm.engines.base import TransformersEngine
-from grpo.lm.engines.token_choice import choose_tokens
+from grpo.functional.sampling import choose_tokens
+from grpo.lm.engines.base import sample_in_chunks
+from grpo.lm.engines.generate import TransformersEngine
 from grpo.lm.loading import is_peft_model
-from grpo.lm.sampling import GenerationSettings, sample_in_chunks
+from grpo.lm.sampling import GenerationSettings
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
 

@@ -1,6 +1,7 @@
 """Choosing the next token from a row of logits: greedy, or sampled with temperature, top-k, top-p.
 
-Pure functions used by the lean decoding loop (`grpo.lm.engines.lean`); they
+Pure functions used by the lean decoding loop (`grpo.lm.engines.lean`) and the masked
+fill-in policy (`grpo.masked_fill`); they
 apply the same warpers, in the same order, as transformers' `generate` with the
 settings `GenerationSettings` passes it: temperature, then top-k, then top-p
 (nucleus sampling, Holtzman et al. 2020: keep the smallest set of most likely

@@ -15,8 +15,9 @@ from tiny_models import load_tiny_causal_lm
 
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, Samples, TransformersEngine
+from grpo.lm.engines.generate import sample_token_ids
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
-from grpo.lm.sampling import GenerationSettings, sample_token_ids, split_completion
+from grpo.lm.sampling import GenerationSettings, split_completion
 from grpo.rewards.combine import TextReward
 from grpo.step.collect import ExperienceCollector
 from grpo.step.objective import GRPOObjective

@@ -8,11 +8,11 @@ participant's functions patched in before the tests are collected; each part
 reports "passed", "not written yet: <function>" or the first invariant that
 does not hold, in the words of that test's one-line docstring.
 
-    grpo workshop check --part 1                 # your workshop/stubs
-    grpo workshop check --module workshop.solutions
+    python -m workshop.check --part 1                 # your workshop/stubs
+    python -m workshop.check --module workshop.solutions
 
-The tests live in the repository's `tests/` folder next to the `grpo` package,
-so the checker runs from a clone of the repository, not from an installed wheel.
+The checker and the tests it runs live in the repository (`workshop/`, `tests/`),
+not in the `grpo` package: run it from the root of a clone.
 Departures from running the test files as they are: only the tests listed in a
 part's `tests` are run (the maths and behaviour of the piece, not the library's
 input validation or the functions the part does not ask for), and without
@@ -186,7 +186,7 @@ def check(part: int | None = None, module: str = "workshop.stubs", *, timeout: f
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "report.json"
         numbers = ",".join(str(p.number) for p in parts)
-        command = [sys.executable, "-m", "grpo.workshop", "_run", module, numbers, str(report)]
+        command = [sys.executable, "-m", "workshop.check", "_run", module, numbers, str(report)]
         paths = [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         try:
@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["_run"]:  # the test process started by `check`
         return _run_tests(*argv[1:4])
     parser = argparse.ArgumentParser(
-        prog="grpo workshop", description="Check your workshop functions with the library's tests."
+        prog="python -m workshop.check", description="Check your workshop functions with the library's tests."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     checker = commands.add_parser("check", help="run the library's tests against your functions")

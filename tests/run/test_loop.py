@@ -53,12 +53,12 @@ def test_schedule_config_names_bad_fields():
         ScheduleConfig(adam_betas=(0.9, 1.0))
 
 
-def _loop(num_steps: int, sink=None, eval_every: int = 2) -> TrainingLoop:
+def _loop(num_steps: int, sink=None, eval_every: int = 2, lr_scheduler="cosine") -> TrainingLoop:
     torch.manual_seed(0)
     policy = SequencePolicy(num_states=5, vocab_size=4, max_length=4, seed=1)
     config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=2, kl_coeff=0.1)
     schedule = ScheduleConfig(num_steps=num_steps, learning_rate=0.05, warmup_steps=2,
-                              lr_scheduler="cosine")  # fmt: skip
+                              lr_scheduler=lr_scheduler)  # fmt: skip
     trainer = GRPOTrainer(policy, token_count_reward(1), make_optimizer(schedule), config)
 
     def evaluate():
@@ -123,6 +123,21 @@ def test_lr_warms_up_then_decays_and_metrics_reach_the_sink():
     assert all(row["reward/start"] == first for row in records[1:5])
     assert records[4]["reward/change"] == pytest.approx(records[4]["reward/mean"] - first)
     assert 0.0 <= records[1]["loss/kl_share"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "factor"),
+    [
+        ("constant", lambda s: min(1.0, s / 2)),
+        ("linear", lambda s: s / 2 if s < 2 else (6 - s) / 4),
+        ("cosine", lambda s: s / 2 if s < 2 else 0.5 * (1 + math.cos(math.pi * (s - 2) / 4))),
+    ],
+)
+def test_learning_rate_follows_each_schedule(name, factor):
+    """Step s runs at lr * factor(s): linear warm-up over 2 steps, then constant, linear or cosine."""
+    loop = _loop(6, eval_every=0, lr_scheduler=name)
+    lrs = [record["lr"] for record in loop.train()]
+    assert lrs == pytest.approx([0.05 * factor(s) for s in range(6)], rel=1e-6, abs=1e-12)
 
 
 def test_progress_sink_prints_evaluations_on_their_own_line():

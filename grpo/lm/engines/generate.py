@@ -1,0 +1,110 @@
+"""The default rollout engine: the trainer's own model samples with transformers' `generate`.
+
+Follows seed 001 (sampling in eval mode under `no_grad`, the previous mode
+restored afterwards). Every sampling knob that would change the distribution
+is set explicitly (`GenerationSettings.generation_config_kwargs`), because
+`generate` fills unset fields from the model's own `generation_config`.
+Sampling is seeded through a forked RNG (`sample_in_chunks`), so it is
+reproducible without disturbing the caller's global random state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from grpo.lm.engines.base import Samples, sample_in_chunks
+from grpo.lm.sampling import GenerationSettings
+
+__all__ = ["TransformersEngine", "sample_token_ids"]
+
+
+class TransformersEngine:
+    """Samples with the trainer's model itself (`transformers` `generate`).
+
+    Subclasses that also sample with the trainer's model change `_token_ids` only.
+    """
+
+    tis_cap = None  # the sampler is the scorer: nothing to correct
+    samples_with_scorer = True
+
+    def __init__(self, model: nn.Module, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def sample(
+        self,
+        prompt_rows: Sequence[Sequence[int]],
+        settings: GenerationSettings,
+        eos_ids: list[int],
+        seed: int | None,
+    ) -> Samples:
+        was_training = self.model.training
+        self.model.eval()  # seed 001: no dropout noise in the behaviour policy
+        try:
+            with torch.no_grad():
+                ids = self._token_ids(prompt_rows, settings, eos_ids, seed)
+        finally:
+            self.model.train(was_training)
+        return Samples(ids, None)
+
+    def _token_ids(
+        self,
+        prompt_rows: Sequence[Sequence[int]],
+        settings: GenerationSettings,
+        eos_ids: list[int],
+        seed: int | None,
+    ) -> list[list[int]]:
+        """New ids per row (eval mode, no_grad) -> (n, <= max_new_tokens)."""
+        return sample_token_ids(self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed)
+
+
+def sample_token_ids(
+    model: Any,
+    tokenizer: Any,
+    prompt_rows: Sequence[Sequence[int]],
+    settings: GenerationSettings,
+    eos_ids: list[int],
+    seed: int | None,
+) -> list[list[int]]:
+    """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T)."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    config = GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=list(eos_ids),
+        **settings.generation_config_kwargs(),
+    )
+
+    def decode(ids: Tensor, mask: Tensor) -> list[list[int]]:
+        stop = StoppingCriteriaList()
+        if settings.stop_strings:
+            stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
+        sequences = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
+        )
+        return sequences[:, ids.shape[1] :].tolist()  # (n, <= max_new_tokens)
+
+    device = next(model.parameters()).device
+    return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)
+
+
+class _StopStrings:
+    """Stopping criterion: a row is done once its new text contains a stop string.
+
+    Decoding the new tokens works with any tokenizer, where matching strings
+    against the vocabulary (transformers' `stop_strings`) needs one it can parse.
+    """
+
+    def __init__(self, stop_strings: tuple[str, ...], tokenizer: Any, prompt_width: int) -> None:
+        self.stop_strings = stop_strings
+        self.tokenizer = tokenizer
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width :])
+        done = [any(s in text for s in self.stop_strings) for text in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)  # (n,)

@@ -37,7 +37,7 @@ from grpo.envs.base import Env, EpisodeRollout, Message
 from grpo.envs.chat_mask import rollout_tokens
 from grpo.envs.rollout import AgentOutput, collect_rollouts
 from grpo.envs.scoring import conversation_logprobs
-from grpo.protocols import TokenLogProbs
+from grpo.protocols import TokenLogProbs, hook
 
 __all__ = ["EPISODE_SCORERS", "EpisodePolicy", "EpisodeReward", "PolicyAgent"]
 
@@ -148,7 +148,7 @@ class EpisodePolicy:
         return self.policy.get_parameters()
 
     def sampling_state(self) -> Any:
-        sampling = getattr(self.policy, "sampling_state", None)
+        sampling = hook(self.policy, "sampling_state")
         return sampling() if callable(sampling) else None
 
     def load_sampling_state(self, state: Any) -> None:

@@ -222,7 +222,7 @@ class CausalLMPolicy:
         ]
         self.rollout_metrics = {
             **_generation_metrics(completions),
-            **getattr(self.rollout_engine, "metrics", {}),
+            **self.rollout_engine.metrics,
         }
         return [completions[i * G : (i + 1) * G] for i in range(len(states))]
 
@@ -300,7 +300,7 @@ class CausalLMPolicy:
     def sampler_is_scorer(self) -> bool:
         """True when sampling and scoring are the same distribution: the trainer's own model
         samples, and no dropout makes a training-mode pass differ from the eval-mode rollout."""
-        same_model = getattr(self.rollout_engine, "samples_with_scorer", False) is True
+        same_model = self.rollout_engine.samples_with_scorer
         return same_model and self.settings.disable_dropout
 
     def rollout_importance_weights(

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from grpo.protocols import hook
 from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
@@ -207,8 +208,8 @@ class TrainingLoop:
         metrics = dict(self.trainer.train_step(next(self.sampler)))
         self.scheduler.step()
         self.step += 1
-        metrics.update(getattr(self.trainer.policy, "rollout_metrics", None) or {})
-        metrics.update(getattr(self.trainer.reward_model, "last_metrics", None) or {})
+        metrics.update(hook(self.trainer.policy, "rollout_metrics") or {})
+        metrics.update(hook(self.trainer.reward_model, "last_metrics") or {})
         if self._start_reward is None:
             self._start_reward = metrics["reward/mean"]
         metrics["reward/start"] = self._start_reward
@@ -235,7 +236,7 @@ class TrainingLoop:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs (tensors and plain values; see `GRPOTrainer.state_dict`)."""
         policy = self.trainer.policy
-        sampling = getattr(policy, "sampling_state", None)
+        sampling = hook(policy, "sampling_state")
         return {
             "trainer": self.trainer.state_dict(),
             "step": self.step,

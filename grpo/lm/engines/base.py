@@ -28,11 +28,13 @@ class Samples(NamedTuple):
 
 
 class RolloutEngine(Protocol):
-    """What `CausalLMPolicy` needs from an engine (which may also expose a `metrics` dict,
-    merged into the policy's rollout metrics after each rollout)."""
+    """What `CausalLMPolicy` needs from an engine."""
 
     tis_cap: float | None
     """Cap of truncated importance sampling on the loss; None = no correction."""
+    metrics: dict[str, float]
+    """Statistics of the engine's last rollout (e.g. weight-sync time), merged into the
+    policy's rollout metrics; empty for engines that keep none."""
     samples_with_scorer: bool
     """True when the engine samples with the very model and numerics that score the loss,
     so the rollout's log-probs are the trainer's (an engine without it counts as False)."""

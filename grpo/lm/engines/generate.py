@@ -34,6 +34,7 @@ class TransformersEngine:
     def __init__(self, model: nn.Module, tokenizer: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.metrics: dict[str, float] = {}  # nothing to report beyond the policy's own
 
     def sample(
         self,

@@ -30,6 +30,9 @@ PROMPTS = [{"prompt": "say a"}, {"prompt": "count b c"}]
 class OffsetEngine:
     """Transformers sampling, reporting the trainer's log-probs minus OFFSET."""
 
+    samples_with_scorer = False  # its log-probs are not the trainer's
+    metrics: dict = {}
+
     def __init__(self, model, tokenizer, tis_cap=None):
         self.inner = TransformersEngine(model, tokenizer)
         self.model = model

@@ -81,7 +81,7 @@ def test_memory_blow_up_inside_a_test_scores_zero():
 
 
 def test_writes_outside_the_workdir_are_refused(tmp_path):
-    """open(w), os.remove, os.rename and os.mkdir outside the workdir are refused; nothing changes."""
+    """Writes outside the workdir are refused, also via a patched os.path or a dir_fd; nothing changes."""
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     attempts = {
@@ -92,6 +92,15 @@ def test_writes_outside_the_workdir_are_refused(tmp_path):
         f"import os\nos.mkdir({str(tmp_path / 'd')!r})": "os.mkdir",
         "import os\nos.chdir('..')\nopen('up.txt', 'w')": "open",
     }
+    out = str(tmp_path)
+    evasions = {  # ways around a naive path check: patched helpers, descriptors relative to a directory
+        f"import os\nos.path.realpath = lambda p, **k: os.getcwd()\nopen({out + '/a.txt'!r}, 'w')": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nos.open('b.txt', os.O_WRONLY | os.O_CREAT, dir_fd=fd)": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nopen('c.txt', 'w', opener=lambda p, f: os.open(p, f, dir_fd=fd))": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nos.mkdir('d', dir_fd=fd)": "os.mkdir",
+        f"import os, pathlib\nos.mkdir(pathlib.Path({out + '/e'!r}))": "os.mkdir",
+    }
+    attempts.update(evasions)
     for code, event in attempts.items():
         result = run_code(code, asserts=["assert True"], config=CONFIG)
         assert (result.reason, result.detail) == ("refused", event), code

@@ -64,14 +64,27 @@ def test_code_that_raises_or_does_not_parse_scores_zero():
         ("x = bytearray(4 * 1024**3)", "memory", None),
         ("import socket\ntry:\n    socket.socket()\nexcept OSError:\n    pass", "refused", None),
         ("import socket\nsocket.getaddrinfo('localhost', 80)", "refused", None),
+        ("open('/proc/self/mem', 'rb')", "refused", "open"),
+        ("import sys\nsys.settrace(lambda *a: None)", "refused", "sys.settrace"),
     ],
 )
 def test_escapes_are_stopped_and_score_zero(code, reason, detail):
-    """Loops, sleeps, fork bombs, spawning, native code, signals, rlimits, memory, network: score 0."""
+    """Loops, sleeps, forks, spawning, native code, signals, rlimits, memory, network, threads: score 0."""
     result = run_code(code, asserts=["assert True"], config=NO_NETNS)
     assert result.reason == reason and result.score == 0.0 and result.passed == 0
     if detail is not None:
         assert result.detail == detail
+
+
+def test_threads_left_running_do_not_stall_the_tests():
+    """A thread the solution leaves running neither blocks the tests nor hides a failing one."""
+    code = (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "def f():\n    return 1\n"
+    )
+    tests = ["assert f() == 1", "assert f() == 2", "assert [][0]"]
+    assert run_code(code, asserts=tests, config=CONFIG) == SandboxResult(1, 2, "ok", "")
 
 
 def test_memory_blow_up_inside_a_test_scores_zero():

@@ -2,7 +2,7 @@
 
 `install` runs before any submitted code. The hook refuses: creating processes
 (fork, exec, spawn, subprocess, os.system), signalling processes, sockets and
-name look-ups, raising resource limits, loading native code (ctypes), building
+name look-ups, raising resource limits, loading native code (ctypes, cffi), building
 code objects by hand, heap and thread-stack introspection (gc.get_objects,
 sys._current_frames), tracing (sys.settrace, sys.setprofile), reading process
 memory (/proc/<pid>/mem, /dev/mem), and writes, deletions, renames and
@@ -51,7 +51,8 @@ _ALWAYS_REFUSED = frozenset(
         "sys.settrace", "sys.setprofile",
     }
 )  # fmt: skip
-_BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_posixsubprocess"})
+# ctypes and cffi read and write raw memory (the harness's nonce included).
+_BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_cffi_backend", "cffi", "_posixsubprocess"})
 # The harness's own events on the trusted thread (starting a worker).
 _TRUSTED_EVENTS = frozenset({"_thread.start_new_thread"})
 # event -> ((position of a path that gets modified, position of its dir_fd or None), ...)

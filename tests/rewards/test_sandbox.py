@@ -59,6 +59,7 @@ def test_code_that_raises_or_does_not_parse_scores_zero():
         ("import os\nos.execv('/bin/true', ['true'])", "refused", "os.exec"),
         ("import os\nos.posix_spawn('/bin/true', ['true'], {})", "refused", "os.posix_spawn"),
         ("import ctypes", "refused", "import ctypes"),
+        ("import _cffi_backend", "refused", "import _cffi_backend"),
         ("import os\nos.kill(os.getppid(), 0)", "refused", "os.kill"),
         ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "refused", None),
         ("x = bytearray(4 * 1024**3)", "memory", None),

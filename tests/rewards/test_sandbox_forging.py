@@ -4,7 +4,7 @@ Each snippet is what a model trained on code rewards could learn to write: it
 fails its tests honestly, then tries to make the sandbox report a pass anyway
 by tampering with what the harness uses to decide or to report the verdict.
 The first ones write FAKE, the report of the harness from before verdicts moved
-to the parent (21 of the 37 attempts up to the io ones scored a pass then). The
+to the parent (22 of the 37 attempts up to the io ones scored a pass then). The
 ones after KEY attack the signed report itself: they hunt for the run's nonce
 and sign a pass if they find it; a control leaks the nonce to show they would.
 """

@@ -1,21 +1,21 @@
-"""Child side of `grpo.rewards.sandbox`: run untrusted code against tests, then report.
+"""Child side of `grpo.rewards.sandbox`: limit this process, then run untrusted code against tests.
 
 Run as ``python -I -B _sandbox_harness.py`` with a JSON job on stdin. Before any
-untrusted code runs it sets resource limits, moves into the job's working
-directory and installs an audit hook (PEP 578) that refuses: creating
-processes (fork, exec, spawn, subprocess, os.system), signalling other
-processes, sockets and name look-ups, writes, deletions, renames and
-permission changes outside the working directory, raising resource limits,
-loading native code through ctypes, and heap introspection through gc.
-A refused event ends the process at once with exit code `REFUSED_EXIT`, after
-recording the event in the result file, so user code cannot catch and ignore it.
+untrusted code runs it opens the report descriptor, sets resource limits
+(address space, CPU time, file size), moves into the job's working directory
+and installs the audit hook of `_sandbox_guard.py`. Then:
 
-Audit hooks are not a security boundary against code written to escape them
-(PEP 578 says so); they stop the accidents and shortcuts of model-written code.
-The parent adds a wall-clock limit with a process-group kill and, where the
-kernel allows it, a network namespace without interfaces.
+- assert tests: `_sandbox_asserts.py` runs the solution and each value the
+  tests need on worker threads, and writes the values, signed with the job's
+  nonce, from the main thread that no submitted code runs on;
+- stdin/stdout pairs: each case runs the program afresh on this thread with the
+  case's stdin, and the report lists what each case printed (None for a case
+  that raised or exited with a non-zero status). The expected outputs never
+  reach this process: the parent compares, so nothing written here can pass a
+  case without printing its expected output.
 
-Imports only the standard library: it must not import `grpo` (isolated mode).
+Imports only the standard library: it must not import `grpo` (isolated mode), so
+it loads its two siblings from this file's directory.
 """
 
 import contextlib
@@ -27,33 +27,7 @@ import signal
 import sys
 import traceback
 
-REFUSED_EXIT = 86
-MEMORY_EXIT = 87
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_PROCESS_EVENTS = frozenset(
-    {
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn",
-    }
-)  # fmt: skip
-_NETWORK_EVENTS = frozenset(
-    {"socket.__new__", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex",
-     "socket.gethostbyaddr", "socket.connect", "socket.bind", "urllib.Request"}
-)  # fmt: skip
-_OTHER_EVENTS = frozenset(
-    {"resource.setrlimit", "resource.prlimit", "sys.addaudithook", "ctypes.dlopen",
-     "ctypes.dlsym", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
-)  # fmt: skip
-_BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "_posixsubprocess"})
-# Events whose listed argument positions are paths that get modified.
-_PATH_EVENTS = {
-    "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1),
-    "os.link": (0, 1), "os.symlink": (1,), "os.truncate": (0,), "os.chmod": (0,),
-    "os.chown": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,),
-    "os.lchmod": (0,), "os.setxattr": (0,), "os.removexattr": (0,), "shutil.rmtree": (0,),
-    "shutil.copyfile": (1,), "shutil.copymode": (1,), "shutil.copystat": (1,),
-    "shutil.chown": (0,), "shutil.move": (1,), "shutil.copytree": (1,),
-}  # fmt: skip
+MEMORY_EXIT = 87  # must match _sandbox_asserts.MEMORY_EXIT and sandbox.py
 
 
 def _set_limits(job):
@@ -68,84 +42,29 @@ def _set_limits(job):
     signal.alarm(cpu + 1)  # outlives no parent: SIGALRM's default action ends the process
 
 
-def _install_hook(workdir, result_file):
-    root = os.path.realpath(workdir)
-    state = {"busy": False}
-
-    def inside(path):
-        if isinstance(path, int):
-            return True  # an already-open descriptor; opening it was checked
-        real = os.path.realpath(os.fsdecode(os.fspath(path)))
-        return real == root or real.startswith(root + os.sep) or real == os.devnull
-
-    def refuse(event, args):
-        state["busy"] = True  # the checks below may raise events of their own
-        with contextlib.suppress(Exception):
-            name = f"import {args[0]}" if event == "import" else event
-            result_file.write(json.dumps({"refused": name, "detail": repr(args)[:200]}))
-            result_file.flush()
-        os._exit(REFUSED_EXIT)
-
-    def hook(event, args):
-        if state["busy"]:
-            return
-        if event in _PROCESS_EVENTS or event in _NETWORK_EVENTS or event in _OTHER_EVENTS:
-            refuse(event, args)
-        if event == "import" and args[0] in _BLOCKED_IMPORTS:
-            refuse(event, args)
-        if event == "open":
-            path, mode, flags = args
-            writes = (mode is not None and any(c in str(mode) for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS
-            )
-            if writes and path is not None:
-                state["busy"] = True
-                try:
-                    ok = inside(path)
-                finally:
-                    state["busy"] = False
-                if not ok:
-                    refuse(event, args)
-        positions = _PATH_EVENTS.get(event)
-        if positions:
-            state["busy"] = True
-            try:
-                ok = all(args[p] is None or inside(args[p]) for p in positions if p < len(args))
-            finally:
-                state["busy"] = False
-            if not ok:
-                refuse(event, args)
-
-    sys.addaudithook(hook)
-
-
-def _run_asserts(code, tests):
-    namespace = {"__name__": "__main__"}
+def _load_siblings():
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
     try:
-        exec(compile(code, "<solution>", "exec"), namespace)
-    except MemoryError:
-        raise
-    except BaseException as error:  # noqa: BLE001 - the solution's own failure, reported
-        return 0, len(tests), "error", _describe(error)
-    passed = 0
-    for test in tests:
-        try:
-            exec(compile(test, "<test>", "exec"), namespace)
-            passed += 1
-        except MemoryError:
-            raise
-        except BaseException:  # noqa: BLE001, S110 - a failing test is a normal outcome
-            pass
-    return passed, len(tests) - passed, "ok", ""
+        import _sandbox_asserts
+        import _sandbox_guard
+    finally:
+        sys.path.remove(here)
+    for name in ("_sandbox_asserts", "_sandbox_guard"):
+        del sys.modules[name]  # nothing for the submitted code to find by name
+    return _sandbox_guard, _sandbox_asserts
 
 
-def _run_io(code, pairs):
+def _run_io(code, inputs):
+    """What the program printed for each stdin (None where it failed), or an error description."""
     try:
         compiled = compile(code, "<solution>", "exec")
     except (SyntaxError, ValueError) as error:
-        return 0, len(pairs), "error", _describe(error)
-    passed = 0
-    for stdin_text, expected in pairs:
+        return {
+            "error": "".join(traceback.format_exception_only(type(error), error)).strip()[-500:]
+        }
+    outputs = []
+    for stdin_text in inputs:
         out = io.StringIO()
         sys.stdin = io.StringIO(stdin_text)
         try:
@@ -158,43 +77,35 @@ def _run_io(code, pairs):
         except MemoryError:
             raise
         except BaseException:  # noqa: BLE001 - a crashing case is a failed case
+            outputs.append(None)
             continue
-        if _normalise(out.getvalue()) == _normalise(expected):
-            passed += 1
-    return passed, len(pairs) - passed, "ok", ""
-
-
-def _normalise(text):
-    return "\n".join(line.rstrip() for line in str(text).strip().splitlines())
-
-
-def _describe(error):
-    lines = traceback.format_exception_only(type(error), error)
-    return "".join(lines).strip()[-500:]
+        outputs.append(out.getvalue())
+    return {"outputs": outputs}
 
 
 def main():
     job = json.loads(sys.stdin.read())
     sys.stdin = io.StringIO("")
     # Opened before the hook: the one write outside the working directory.
-    result_file = open(job["result_path"], "w")  # noqa: SIM115 - kept open until os._exit
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    report_fd = os.open(job["report_path"], flags, 0o600)
     _set_limits(job)
     os.chdir(job["workdir"])
     sys.dont_write_bytecode = True
-    _install_hook(job["workdir"], result_file)
+    guard, asserts = _load_siblings()
+
+    def install_hook(trusted_thread=None):
+        guard.install(job["workdir"], report_fd, trusted_thread)
+
+    if job["kind"] == "asserts":
+        asserts.run(job, report_fd, install_hook)  # exits
+    install_hook()
     try:
-        if job["kind"] == "asserts":
-            passed, failed, reason, detail = _run_asserts(job["code"], job["tests"])
-        else:
-            passed, failed, reason, detail = _run_io(job["code"], job["tests"])
+        report = _run_io(job["code"], job["inputs"])
     except MemoryError:
-        result_file.write(json.dumps({"memory": True}))
-        result_file.flush()
         os._exit(MEMORY_EXIT)
-    result = {"passed": passed, "failed": failed, "reason": reason, "detail": detail}
-    result_file.write(json.dumps(result))
-    result_file.flush()
-    os._exit(0)  # skip atexit handlers and finalisers the solution may have registered
+    os.pwrite(report_fd, json.dumps(report).encode(), 0)
+    os._exit(0)  # skip atexit handlers and finalisers the program may have registered
 
 
 if __name__ == "__main__":

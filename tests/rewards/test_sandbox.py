@@ -59,19 +59,33 @@ def test_code_that_raises_or_does_not_parse_scores_zero():
         ("import os\nos.execv('/bin/true', ['true'])", "refused", "os.exec"),
         ("import os\nos.posix_spawn('/bin/true', ['true'], {})", "refused", "os.posix_spawn"),
         ("import ctypes", "refused", "import ctypes"),
+        ("import _cffi_backend", "refused", "import _cffi_backend"),
         ("import os\nos.kill(os.getppid(), 0)", "refused", "os.kill"),
         ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "refused", None),
         ("x = bytearray(4 * 1024**3)", "memory", None),
         ("import socket\ntry:\n    socket.socket()\nexcept OSError:\n    pass", "refused", None),
         ("import socket\nsocket.getaddrinfo('localhost', 80)", "refused", None),
+        ("open('/proc/self/mem', 'rb')", "refused", "open"),
+        ("import sys\nsys.settrace(lambda *a: None)", "refused", "sys.settrace"),
     ],
 )
 def test_escapes_are_stopped_and_score_zero(code, reason, detail):
-    """Loops, sleeps, fork bombs, spawning, native code, signals, rlimits, memory, network: score 0."""
+    """Loops, sleeps, forks, spawning, native code, signals, rlimits, memory, network, threads: score 0."""
     result = run_code(code, asserts=["assert True"], config=NO_NETNS)
     assert result.reason == reason and result.score == 0.0 and result.passed == 0
     if detail is not None:
         assert result.detail == detail
+
+
+def test_threads_left_running_do_not_stall_the_tests():
+    """A thread the solution leaves running neither blocks the tests nor hides a failing one."""
+    code = (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "def f():\n    return 1\n"
+    )
+    tests = ["assert f() == 1", "assert f() == 2", "assert [][0]"]
+    assert run_code(code, asserts=tests, config=CONFIG) == SandboxResult(1, 2, "ok", "")
 
 
 def test_memory_blow_up_inside_a_test_scores_zero():
@@ -81,7 +95,7 @@ def test_memory_blow_up_inside_a_test_scores_zero():
 
 
 def test_writes_outside_the_workdir_are_refused(tmp_path):
-    """open(w), os.remove, os.rename and os.mkdir outside the workdir are refused; nothing changes."""
+    """Writes outside the workdir are refused, also via a patched os.path or a dir_fd; nothing changes."""
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")
     attempts = {
@@ -92,6 +106,15 @@ def test_writes_outside_the_workdir_are_refused(tmp_path):
         f"import os\nos.mkdir({str(tmp_path / 'd')!r})": "os.mkdir",
         "import os\nos.chdir('..')\nopen('up.txt', 'w')": "open",
     }
+    out = str(tmp_path)
+    evasions = {  # ways around a naive path check: patched helpers, descriptors relative to a directory
+        f"import os\nos.path.realpath = lambda p, **k: os.getcwd()\nopen({out + '/a.txt'!r}, 'w')": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nos.open('b.txt', os.O_WRONLY | os.O_CREAT, dir_fd=fd)": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nopen('c.txt', 'w', opener=lambda p, f: os.open(p, f, dir_fd=fd))": "open",
+        f"import os\nfd = os.open({out!r}, os.O_RDONLY)\nos.mkdir('d', dir_fd=fd)": "os.mkdir",
+        f"import os, pathlib\nos.mkdir(pathlib.Path({out + '/e'!r}))": "os.mkdir",
+    }
+    attempts.update(evasions)
     for code, event in attempts.items():
         result = run_code(code, asserts=["assert True"], config=CONFIG)
         assert (result.reason, result.detail) == ("refused", event), code

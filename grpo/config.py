@@ -86,6 +86,19 @@ class GRPOConfig:
     scorer (`sampler_is_scorer`). π_old is then the detached current log-probs: ratio 1, the
     same gradient, one forward pass fewer; the rollout's no-grad metrics (entropy/rollout_mean)
     are then not recorded. False always runs the pass."""
+    skip_zero_advantage: bool = True
+    """Do not score or backpropagate samples whose advantage is exactly 0 (e.g. every sample
+    of a group whose rewards are all equal) when kl_coeff and entropy_coeff are 0: their loss
+    and gradient are then exactly 0, and they still count in the loss's denominators, so the
+    update is the same as without skipping. Metric skip/zero_advantage_frac."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal and
+    sample new states until the batch holds as many informative groups as states were given
+    (the run loop supplies the new states), at most dynamic_sampling_max_rounds extra rounds."""
+    dynamic_sampling_max_rounds: int = 3
+    """Extra sampling rounds a step may take to fill its batch with informative groups. A step
+    that hits the cap trains on what it has, filled up with uninformative groups (which
+    contribute no gradient), so a run never stalls. Metrics dynamic/*."""
 
     def __post_init__(self) -> None:
         if self.advantage_scale is None:
@@ -101,11 +114,10 @@ class GRPOConfig:
         _check_int(self, "ref_update_frequency", minimum=0)
         _check_int(self, "gradient_accumulation_steps", minimum=1)
         _check_int(self, "seed", minimum=0)
-        if not isinstance(self.skip_redundant_old_logprobs, bool):
-            raise ValueError(
-                "skip_redundant_old_logprobs must be True or False, "
-                f"got {self.skip_redundant_old_logprobs!r}"
-            )
+        _check_int(self, "dynamic_sampling_max_rounds", minimum=0)
+        for name in ("skip_redundant_old_logprobs", "skip_zero_advantage", "dynamic_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("clip_epsilon", "kl_coeff", "entropy_coeff", "learning_rate"):
             _check_number(self, name, minimum=0.0, inclusive=name != "learning_rate")
         _check_number(self, "advantage_epsilon", minimum=0.0, inclusive=True)

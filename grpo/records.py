@@ -53,6 +53,24 @@ class Rollout(NamedTuple):
             token_counts=pick(self.token_counts),
         )
 
+    @staticmethod
+    def concat(parts: list[Rollout]) -> Rollout:
+        """The samples of several rollouts, in order (fields recorded in every part only)."""
+
+        def cat(name: str) -> Tensor | None:
+            tensors = [getattr(p, name) for p in parts]
+            return None if any(t is None for t in tensors) else torch.cat(tensors)
+
+        return Rollout(
+            states=[s for p in parts for s in p.states],
+            actions=[a for p in parts for a in p.actions],
+            rewards=torch.cat([p.rewards for p in parts]),
+            advantages=cat("advantages"),
+            old_logprobs=cat("old_logprobs"),
+            completion_mask=cat("completion_mask"),
+            token_counts=cat("token_counts"),
+        )
+
     def to_experience_batch(self, group_size: int, token_level: bool = True) -> ExperienceBatch:
         """Seed 004's grouped record of these samples (B = N / group_size states);
         `token_level` False (a per-action policy) leaves out the (N, 1) per-token fields."""

@@ -33,6 +33,7 @@ process, so the trainer never asks which it has); `make_parallel` picks one.
 from typing import Any
 
 from grpo.distributed.data_parallel import (
+    SHARE_KEYS,
     DataParallel,
     DistributedConfig,
     accumulate_metrics,
@@ -59,6 +60,7 @@ def make_parallel(policy: Any, config: DistributedConfig | None = None) -> Any:
     return SingleProcess()
 
 __all__ = [
+    "SHARE_KEYS",
     "DataParallel",
     "DistributedConfig",
     "SingleProcess",

@@ -205,7 +205,8 @@ class TrainingLoop:
     def train_step(self) -> dict[str, Any]:
         """One GRPO step on the next batch of states; returns (and logs) its metrics."""
         lr = self.trainer.optimizer.param_groups[0]["lr"]
-        metrics = dict(self.trainer.train_step(next(self.sampler)))
+        # dynamic sampling draws its extra states from the same sampler
+        metrics = dict(self.trainer.train_step(next(self.sampler), refill=lambda: next(self.sampler)))
         self.scheduler.step()
         self.step += 1
         metrics.update(hook(self.trainer.policy, "rollout_metrics") or {})

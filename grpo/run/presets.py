@@ -45,7 +45,8 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "dapo": Preset(
-        "DAPO (Yu et al. 2025): token-level mean, clip-higher (eps_low 0.2, eps_high 0.28), "
+        "DAPO (Yu et al. 2025): token-level mean over each optimizer step's tokens, clip-higher "
+        "(eps_low 0.2, eps_high 0.28), dynamic sampling (groups with equal rewards replaced), "
         "no KL and no reference model, truncated completions masked out of the loss",
         {
             "grpo": {
@@ -54,6 +55,7 @@ PRESETS: dict[str, Preset] = {
                 "clip_epsilon": 0.2,
                 "clip_epsilon_high": 0.28,
                 "kl_coeff": 0.0,
+                "dynamic_sampling": True,
             },
             "policy": {"mask_truncated_completions": True},
             "model": {"use_reference": False},

@@ -21,7 +21,7 @@ Departures from seed 004:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -30,7 +30,13 @@ from torch import Tensor
 from grpo.protocols import TokenLevelPolicy, hook
 from grpo.records import ExperienceBatch, Rollout
 
-__all__ = ["ExperienceCollector", "loss_token_counts", "sample_rollout", "score_old_logprobs"]
+__all__ = [
+    "ExperienceCollector",
+    "fill_informative",
+    "loss_token_counts",
+    "sample_rollout",
+    "score_old_logprobs",
+]
 
 
 class ExperienceCollector:
@@ -75,6 +81,50 @@ def sample_rollout(policy: Any, reward_model: Any, states: Sequence[Any], G: int
     return Rollout(flat_states, flat_actions, rewards)
 
 
+def fill_informative(
+    sample: Callable[[list[Any]], Rollout],
+    states: Sequence[Any],
+    refill: Callable[[], Sequence[Any]],
+    parallel: Any,
+    G: int,
+    max_rounds: int,
+) -> tuple[Rollout, dict[str, float]]:
+    """Dynamic sampling (DAPO, Yu et al. 2025): this process's B groups, informative ones first.
+
+    `sample(local_states)` rolls out; groups whose G rewards are all equal are set
+    aside, and new states from `refill()` (global, like `states`) are sampled
+    until every rank holds B/W informative groups or `max_rounds` extra rounds
+    are done. Kept are the first B/W informative groups in sampling order; a
+    batch still short after the cap is filled with the most recent uninformative
+    groups (zero advantage: no gradient), so every step trains on B groups.
+    """
+    want = len(parallel.shard_states(states))  # groups this process trains on
+    informative: list[Rollout] = []
+    spare: list[Rollout] = []
+    rounds, sampled, have = 0, 0, 0
+    batch = states
+    while True:
+        rollout = sample(parallel.shard_states(batch))
+        groups = [rollout.take(torch.arange(i * G, (i + 1) * G)) for i in range(want)]
+        for group in groups:
+            varied = bool((group.rewards != group.rewards[0]).any())
+            (informative if varied else spare).append(group)
+        sampled += want
+        have = int(parallel.gather(torch.tensor([len(informative)])).min())  # every rank's
+        if have >= want or rounds == max_rounds:
+            break
+        rounds += 1
+        batch = list(refill())
+    kept = informative[:want] + spare[::-1][: max(0, want - len(informative))]
+    metrics = {
+        "dynamic/rounds": float(rounds + 1),
+        "dynamic/informative_frac": min(len(informative), want) / want,
+        "dynamic/sampled_zero_std_frac": len(spare) / sampled,
+        "dynamic/capped": float(have < want),
+    }
+    return Rollout.concat(kept), metrics
+
+
 def score_old_logprobs(policy: Any, rollout: Rollout, rows: Tensor | None = None) -> Rollout:
     """The rollout with log π_old (N, T) and its completion mask, scored without gradient.
 
@@ -96,16 +146,15 @@ def score_old_logprobs(policy: Any, rollout: Rollout, rows: Tensor | None = None
 def loss_token_counts(policy: Any, rollout: Rollout) -> Tensor | None:
     """(N,) positions the loss counts per sample, known before any gradient pass, or None.
 
-    From the recorded completion mask, else the policy's `loss_token_counts`
-    hook; 1 per action for a per-action policy (T = 1).
+    From the policy's `loss_token_counts` hook, else the recorded completion mask
+    (all rows scored); 1 per action for a per-action policy (T = 1).
     """
-    if rollout.completion_mask is not None:
-        return rollout.completion_mask.sum(dim=1).long().cpu()
     if not isinstance(policy, TokenLevelPolicy):
         return torch.ones(rollout.num_samples, dtype=torch.long)
     count = hook(policy, "loss_token_counts")
     if count is None:
-        return None
+        mask = rollout.completion_mask
+        return None if mask is None else mask.sum(dim=1).long().cpu()
     counts = torch.as_tensor(count(rollout.states, rollout.actions)).long().cpu()
     if tuple(counts.shape) != (rollout.num_samples,):
         raise ValueError(

@@ -1,12 +1,22 @@
-"""Mini-batches of a rollout: the samples one gradient pass trains on.
+"""Mini-batches of a rollout and the optimizer steps they make up.
 
-`shuffled_mini_batches` shuffles the N samples of a step and cuts them into
-mini-batches of `batch_size`. Every rank of a data-parallel run draws the
-same permutation of the N global samples and keeps the samples of each
-mini-batch it holds (`grpo.distributed`); in one process it holds them all.
-Each mini-batch carries the counts of the whole mini-batch (its sequences and
-the tokens its loss counts, over every rank), so that its loss is its share
-of the whole mini-batch's loss whatever part of it this process holds.
+`optimizer_windows` shuffles the N samples of a step, cuts them into
+mini-batches of `batch_size`, and groups `gradient_accumulation_steps`
+mini-batches into one window: one optimizer step. Every rank of a
+data-parallel run draws the same permutation of the N global samples and keeps
+the samples of each mini-batch it holds (`grpo.distributed`); in one process
+it holds them all.
+
+Each mini-batch carries the counts of its whole window (sequences and the
+tokens its loss counts, over every mini-batch of the window and every rank),
+so its loss is its share of the window's loss and the shares add up to the
+loss of one concatenated batch: the token-level denominator of DAPO is the
+token count of the optimizer step, not of a micro-batch.
+
+`skip_zero` drops samples whose advantage is exactly 0 before they are scored
+(their loss and gradient are exactly 0 when no KL or entropy term is added);
+they still count in the window's denominators, so the update is the one
+without skipping. A mini-batch left empty on every rank is not run at all.
 """
 
 from __future__ import annotations
@@ -20,35 +30,47 @@ from torch import Tensor
 from grpo.functional.losses import GlobalCounts
 from grpo.records import Rollout
 
-__all__ = ["MiniBatch", "shuffled_mini_batches"]
+__all__ = ["MiniBatch", "optimizer_windows"]
 
 
 class MiniBatch(NamedTuple):
     """The samples of one mini-batch that this process trains on."""
 
     samples: Rollout  # this process's samples of it, advantages included
-    size: int  # samples in the whole mini-batch (over every rank)
-    counts: GlobalCounts  # sequences and counted tokens of the whole mini-batch
+    counts: GlobalCounts  # sequences and counted tokens of the whole window (every rank)
     scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none of it
 
 
-def shuffled_mini_batches(
+def optimizer_windows(
     rollout: Rollout,
     advantages: Tensor,
     token_counts: Tensor,
-    batch_size: int,
+    config: Any,
     generator: torch.Generator,
     parallel: Any,
-) -> Iterator[MiniBatch]:
-    """Mini-batches of `batch_size` of the N global samples, in an order drawn from
-    `generator`. `rollout` holds this process's samples; `advantages` (N,) and
-    `token_counts` (N,) are global; `parallel` (`SingleProcess` or `DataParallel`)
-    says which samples this process holds."""
+    skip_zero: bool = False,
+) -> Iterator[list[MiniBatch]]:
+    """The mini-batches of each optimizer step, in an order drawn from `generator`.
+
+    `rollout` holds this process's samples; `advantages` (N,) and `token_counts`
+    (N,) are global; `config` is the `GRPOConfig` (batch_size,
+    gradient_accumulation_steps); `parallel` (`SingleProcess` or `DataParallel`)
+    says which samples this process holds.
+    """
     N = len(advantages)
-    order = torch.randperm(N, generator=generator)
-    for start in range(0, N, batch_size):
-        idx = order[start : start + batch_size]  # (n,) global sample ids
-        owned, rows, scale = parallel.own(idx, rollout.num_samples)
-        counts = GlobalCounts(len(idx), int(token_counts[idx].sum()))
-        samples = rollout.take(rows)._replace(advantages=advantages[owned])
-        yield MiniBatch(samples, len(idx), counts, scale)
+    order = torch.randperm(N, generator=generator)  # (N,) global sample ids
+    window = config.batch_size * config.gradient_accumulation_steps
+    for start in range(0, N, window):
+        ids = order[start : start + window]
+        counts = GlobalCounts(len(ids), int(token_counts[ids].sum()))
+        batches = []
+        for begin in range(0, len(ids), config.batch_size):
+            idx = ids[begin : begin + config.batch_size]  # (n,) one mini-batch
+            if skip_zero:
+                idx = idx[advantages[idx] != 0]
+                if len(idx) == 0:
+                    continue  # nothing to learn from, on any rank: not run
+            owned, rows, scale = parallel.own(idx, rollout.num_samples)
+            samples = rollout.take(rows)._replace(advantages=advantages[owned])
+            batches.append(MiniBatch(samples, counts, scale))
+        yield batches

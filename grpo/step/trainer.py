@@ -37,6 +37,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -49,11 +50,12 @@ from grpo.records import Rollout
 from grpo.step.advantages import AdvantageEstimator
 from grpo.step.collect import (
     ExperienceCollector,
+    fill_informative,
     loss_token_counts,
     sample_rollout,
     score_old_logprobs,
 )
-from grpo.step.minibatch import MiniBatch, shuffled_mini_batches
+from grpo.step.minibatch import MiniBatch, optimizer_windows
 from grpo.step.objective import GRPOObjective
 
 __all__ = ["GRPOTrainer"]
@@ -128,31 +130,35 @@ class GRPOTrainer:
         self.reference_policy = self._make_reference() if config.kl_coeff > 0 else None
 
     # ------------------------------------------------------------------ loop
-    def train_step(self, states: Sequence[Any]) -> dict[str, float]:
-        """One GRPO update on `states`; returns detached scalar metrics."""
+    def train_step(
+        self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None = None
+    ) -> dict[str, float]:
+        """One GRPO update on `states`; returns detached scalar metrics.
+
+        `refill()` gives more states for dynamic sampling (default: `states` again).
+        """
         start = time.perf_counter()
-        G = self.config.group_size
-        local = sample_rollout(
-            self.policy, self.reward_model, self.parallel.shard_states(states), G
-        )  # this process's samples
+        local, metrics = self._collect(states, refill)  # this process's samples
         sampled = time.perf_counter()
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
-        advantages = self.advantage_estimator.from_rewards(rewards, G)  # (N,)
+        advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
         advantage_time = time.perf_counter() - sampled
-        counts = loss_token_counts(self.policy, local)  # (n,) or None: unknown unscored
+        skip_zero = self._skips_zero_advantage()
+        counts = loss_token_counts(self.policy, local)  # (n,) None: unknown until scored
         if counts is None or not self._old_pass_redundant(len(rewards)):
-            local = score_old_logprobs(self.policy, local)
-            counts = loss_token_counts(self.policy, local)
+            rows = self._informative_rows(advantages, local.num_samples) if skip_zero else None
+            local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
+            counts = loss_token_counts(self.policy, local) if counts is None else counts
         tokens = self.parallel.gather(counts)  # (N,)
-        metrics = self._rollout_metrics(rewards.view(-1, G), advantages)
+        metrics.update(self._rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
         metrics["collection_time"] = time.perf_counter() - start - advantage_time
         metrics["advantage_time"] = advantage_time
 
         self.policy.train()
         totals: dict[str, float] = defaultdict(float)
         for epoch in range(self.config.num_epochs_per_update):
-            epoch_means = self._run_epoch(local, advantages, tokens, totals)
-            metrics.update({f"epoch_{epoch}_{k}": epoch_means[k] for k in EPOCH_KEYS})
+            epoch_means = self._run_epoch(local, advantages, tokens, totals, skip_zero)
+            metrics.update({f"epoch_{epoch}_{k}": epoch_means.get(k, 0.0) for k in EPOCH_KEYS})
             self.epoch_count += 1
         metrics.update(self._step_summary(totals))
 
@@ -162,6 +168,32 @@ class GRPOTrainer:
             self.best_loss = min(self.best_loss, metrics["step_loss"])
         self.history.append(metrics)
         return metrics
+
+    def _collect(
+        self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None
+    ) -> tuple[Rollout, dict[str, float]]:
+        """This process's samples of the step: one round, or dynamic sampling's rounds."""
+        sample = partial(sample_rollout, self.policy, self.reward_model, G=self.config.group_size)
+        if not self.config.dynamic_sampling:
+            return sample(self.parallel.shard_states(states)), {}
+        return fill_informative(
+            sample, states, refill or (lambda: states), self.parallel,
+            self.config.group_size, self.config.dynamic_sampling_max_rounds,
+        )  # fmt: skip
+
+    def _skips_zero_advantage(self) -> bool:
+        """True when a zero-advantage sample's loss and gradient are exactly 0: no KL and no
+        entropy term (`GRPOConfig.skip_zero_advantage`)."""
+        c = self.config
+        no_kl = c.kl_coeff == 0 or self.reference_policy is None
+        return c.skip_zero_advantage and no_kl and c.entropy_coeff == 0
+
+    def _informative_rows(self, advantages: Tensor, num_local: int) -> Tensor:
+        """This process's rows (local indices) whose global advantage is not 0, and row 0,
+        the stand-in a rank trains on (with loss scale 0) when it holds none of a mini-batch."""
+        owned, rows, _ = self.parallel.own(torch.arange(len(advantages)), num_local)
+        keep = rows[advantages[owned] != 0]
+        return torch.unique(torch.cat([keep, keep.new_zeros(1)]))  # sorted
 
     def _old_pass_redundant(self, N: int) -> bool:
         """True when log π_old would equal the first gradient pass's detached log-probs."""
@@ -177,59 +209,67 @@ class GRPOTrainer:
         )
 
     def _run_epoch(
-        self, local: Rollout, advantages: Tensor, tokens: Tensor, totals: dict[str, float]
+        self,
+        local: Rollout,
+        advantages: Tensor,
+        tokens: Tensor,
+        totals: dict[str, float],
+        skip_zero: bool,
     ) -> dict[str, float]:
-        """One pass over shuffled mini-batches; returns the epoch's sample-weighted means."""
-        mini_batches = list(
-            shuffled_mini_batches(
-                local, advantages, tokens, self.config.batch_size, self.generator, self.parallel
-            )
+        """One pass over shuffled mini-batches; returns the epoch's means over the samples."""
+        windows = optimizer_windows(
+            local, advantages, tokens, self.config, self.generator, self.parallel, skip_zero
         )
-        window_size = self.config.gradient_accumulation_steps
-        epoch_sums: dict[str, float] = defaultdict(float)
-        for start in range(0, len(mini_batches), window_size):
-            window = mini_batches[start : start + window_size]
-            window_samples = sum(mb.size for mb in window)
+        sums: dict[str, float] = defaultdict(float)
+        for window in windows:
             finite = True
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(window):
-                # weighted so the window's gradient is that of one concatenated batch
-                weight = mb.size / window_samples
-                loss_dict = self._backward(mb, weight, sync=k == len(window) - 1)
+                loss_dict = self._backward(mb, sync=k == len(window) - 1)
                 finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
-                if mb.scale:
-                    distributed.accumulate_metrics(
-                        epoch_sums, loss_dict, mb.samples.num_samples, mb.size
-                    )
-            self._optimizer_step(self.parallel.all_true(finite), totals)
-        epoch_sums = self.parallel.sum_metrics(epoch_sums)
-        n = len(advantages)
-        for key, value in epoch_sums.items():
+                if mb.scale:  # shares weighted by the window's size, means by the samples'
+                    n = mb.samples.num_samples
+                    distributed.accumulate_metrics(sums, loss_dict, n, mb.counts.num_sequences)
+                    sums["scored"] += n
+            self._optimizer_step(self.parallel.all_true(finite), totals, backward=bool(window))
+        sums = self.parallel.sum_metrics(sums)
+        N, scored = len(advantages), sums.pop("scored", 0.0)
+        totals["samples"] += N
+        totals["scored"] += scored
+        for key, value in sums.items():
             totals[key] += value
-        totals["samples"] += n
-        return {key: value / n for key, value in epoch_sums.items()}
+        shares = distributed.SHARE_KEYS
+        return {k: v / (N if k in shares else max(scored, 1)) for k, v in sums.items()}
 
-    def _backward(self, mb: MiniBatch, weight: float, sync: bool) -> dict[str, Any]:
-        """Loss of one mini-batch, backpropagated with `weight`; returns the loss dict.
-        Data-parallel: gradients are summed over ranks when `sync`."""
+    def _backward(self, mb: MiniBatch, sync: bool) -> dict[str, Any]:
+        """Loss of one mini-batch (its share of its window's), backpropagated; returns the loss
+        dict. Data-parallel: gradients are summed over ranks when `sync`."""
 
         def loss() -> dict[str, Any]:
             return self.objective.loss(self.policy, self.reference_policy, mb.samples, mb.counts)
 
-        return self.parallel.backward(loss, weight * mb.scale, sync, self._scale_loss)
+        return self.parallel.backward(loss, mb.scale, sync, self._scale_loss)
 
     def _scale_loss(self, loss: Tensor) -> Tensor:
         """The loss times the gradient scaler's factor (fp16 mixed precision), else itself."""
         return loss if self.grad_scaler is None else self.grad_scaler.scale(loss)
 
-    def _optimizer_step(self, loss_finite: bool, totals: dict[str, float]) -> None:
+    def _optimizer_step(
+        self, loss_finite: bool, totals: dict[str, float], backward: bool = True
+    ) -> None:
         """Clip, then step, unless the loss or the pre-clip gradient norm is not finite.
+
+        A window whose every sample was skipped (`backward` False) steps with zero
+        gradients, as it would have without skipping (Adam's moments still move).
 
         With a gradient scaler the gradients are unscaled before clipping, and a
         non-finite norm (an fp16 overflow) is the scaler's routine signal to lower
         its scale: the step is skipped and counted without a warning.
         """
         params = [p for p in self.policy.get_parameters().values() if p.requires_grad]
+        if not backward:
+            for p in params:
+                p.grad = torch.zeros_like(p)
         max_norm = self.config.max_grad_norm
         scaler = self.grad_scaler
         if scaler is not None:
@@ -274,19 +314,21 @@ class GRPOTrainer:
 
     def _step_summary(self, totals: dict[str, float]) -> dict[str, float]:
         """Means over every mini-batch of the step (sample-weighted) and step counters."""
-        samples = totals.pop("samples")
+        samples, scored = totals.pop("samples"), totals.pop("scored")
         steps = totals.pop("optimizer_steps", 0.0)
         grad_norm_sum = totals.pop("grad_norm_sum", 0.0)
         summary = {
-            "step_loss": totals.pop("total_loss") / samples,
+            "step_loss": totals.pop("total_loss", 0.0) / samples,
             "grad_norm": grad_norm_sum / steps if steps else math.nan,
             "optimizer_steps": steps,
             "skipped_steps": totals.pop("skipped_steps", 0.0),
         }
         for key in ("policy_loss", "kl_penalty", "entropy_bonus"):
             totals.pop(key, None)
-        summary.update({key: value / samples for key, value in totals.items()})
-        return summary
+        shares = {k: v / samples for k, v in totals.items() if k in distributed.SHARE_KEYS}
+        means = {k: v / max(scored, 1) for k, v in totals.items() if k not in shares}
+        # the share of samples never scored (zero advantage), over the step's epochs
+        return {**summary, **shares, **means, "skip/zero_advantage_frac": 1 - scored / samples}
 
     # ----------------------------------------------------------- reference
     def _make_reference(self) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,11 @@ def yes_fraction(prompts, completions, **_):
 def text_length(prompts, completions, **_):
     """Characters in the completion: differs between samples even for an untrained model."""
     return [float(len(c)) for c in completions]
+
+
+def text_hash(prompts, completions, **_):
+    """A number per distinct completion text: two different samples almost never tie."""
+    return [float(zlib.crc32(c.encode()) % 97) for c in completions]
 
 
 def small_config(run_dir: Path, num_steps: int = 4, **sections) -> dict:
@@ -92,10 +98,11 @@ def test_evaluation_cadence_and_accumulation(tiny_lm_dir, tmp_path):
         tmp_path / "run", num_steps=5, grpo={"batch_size": 2, "num_epochs_per_update": 2},
         evaluation={"every": 2},
     )  # fmt: skip
-    trainer = TextTrainer(tiny_lm_dir("gpt2"), yes_fraction, PROMPTS, PROMPTS[:2], config=config)
+    trainer = TextTrainer(tiny_lm_dir("gpt2"), text_hash, PROMPTS, PROMPTS[:2], config=config)
     trainer.train()
     rows = metrics_rows(tmp_path / "run")
     assert [r["step"] for r in rows if "eval/greedy/reward_mean" in r] == [0, 2, 4, 5]
+    assert all(r["reward/zero_std_frac"] < 1 for r in rows if "reward/mean" in r)  # it learns
     history = [r for r in rows if "reward/mean" in r]
     assert len(history) == 5 and all(h["optimizer_steps"] == 4 for h in history)
     expected = {"completion/length_mean", "completion/truncated_frac", "reward/zero_std_frac",

@@ -15,6 +15,8 @@ baseline and scale) and fix the semantics seed 004 leaves open:
 - `normalize_advantages=True` divides by the *group* standard deviation (the
   GRPO paper's choice). Seed 004's text describes scaling across the whole
   batch; that is `advantage_scale="batch"`.
+- `ref_update_frequency` defaults to 0 (a fixed reference), not seed 004's 1:
+  a reference copied every step equals π_old, and the KL term regularises nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ class GRPOConfig:
     """Clip the global gradient norm to this value; None leaves gradients unclipped."""
     normalize_advantages: bool = True
     """Divide advantages by a standard deviation (see `advantage_scale`)."""
-    ref_update_frequency: int = 1
-    """Copy the policy into the reference every this many steps; 0 = never."""
+    ref_update_frequency: int = 0
+    """Copy the policy into the reference every this many steps; 0 = never (a fixed reference,
+    the GRPO paper's and seed 001's choice; seed 004's default was 1). Every step (1) makes the
+    reference the policy that sampled the step, so with one optimizer step per rollout the KL
+    term is exactly 0 (a warning says so)."""
 
     advantage_epsilon: float = 1e-4
     """Added to the standard deviation so that a group of equal rewards does not divide by 0."""
@@ -131,6 +136,13 @@ class GRPOConfig:
         _check_choice(self, "loss_type", POLICY_LOSSES)
         _check_choice(self, "aggregation", AGGREGATIONS)
         _check_choice(self, "kl_estimator", KL_ESTIMATORS)
+        if self.loss_type == "reinforce" and self.num_epochs_per_update > 1:
+            raise ValueError(
+                f"num_epochs_per_update={self.num_epochs_per_update} with loss_type='reinforce': "
+                "REINFORCE has no importance ratio, so reusing a rollout would train on "
+                "off-policy samples uncorrected; allowed: num_epochs_per_update=1, or "
+                "loss_type='clipped'"
+            )
         if self.aggregation == "constant_length" and self.max_completion_length is None:
             raise ValueError(
                 "aggregation='constant_length' needs max_completion_length "

@@ -11,12 +11,20 @@ from grpo.config import GRPOConfig
 
 
 def test_seed_004_defaults():
-    """The nine fields of seed 004 section 4.2 have its defaults."""
+    """The fields of seed 004 section 4.2 have its defaults, but for a fixed reference."""
     c = GRPOConfig()
     assert (c.group_size, c.batch_size, c.num_epochs_per_update) == (4, 64, 4)
     assert (c.clip_epsilon, c.kl_coeff, c.entropy_coeff) == (0.2, 0.04, 0.01)
-    assert (c.max_grad_norm, c.normalize_advantages, c.ref_update_frequency) == (1.0, True, 1)
+    assert (c.max_grad_norm, c.normalize_advantages) == (1.0, True)
+    assert c.ref_update_frequency == 0  # seed 004's 1 makes the KL term exactly 0 (see below)
     assert c.advantage_scale == "group"
+
+
+def test_reinforce_refuses_reusing_a_rollout():
+    """loss_type reinforce has no ratio: more than one epoch per rollout is rejected by name."""
+    with pytest.raises(ValueError, match="num_epochs_per_update=2 with loss_type='reinforce'"):
+        GRPOConfig(loss_type="reinforce", num_epochs_per_update=2)
+    GRPOConfig(loss_type="reinforce", num_epochs_per_update=1)  # on-policy: accepted
 
 
 def test_every_field_has_a_docstring():

@@ -167,9 +167,9 @@ class RunSettings:
             check_int("run", "threads", self.threads)
 
 
-TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "ref_update_frequency": 0, "entropy_coeff": 0.0}
+TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "entropy_coeff": 0.0}
 """Where a run's `grpo` section departs from GRPOConfig's (seed 004's) defaults: one pass per
-generation, a fixed reference, no entropy bonus (the usual choices for language models)."""
+generation and no entropy bonus (the usual choices for language models)."""
 
 
 def default_grpo() -> GRPOConfig:

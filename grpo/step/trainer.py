@@ -128,6 +128,16 @@ class GRPOTrainer:
         self.best_loss = math.inf  # lowest step_loss so far
         self.history: list[dict[str, float]] = []
         self.reference_policy = self._make_reference() if config.kl_coeff > 0 else None
+        if config.kl_coeff > 0 and config.ref_update_frequency == 1:
+            warnings.warn(
+                f"ref_update_frequency=1 with kl_coeff={config.kl_coeff}: the reference is copied "
+                "from the policy every step, so it is the policy that sampled the step (π_old) "
+                "and the KL term is 0 until an optimizer step has changed the policy: exactly 0 "
+                "with one optimizer step per rollout. Use ref_update_frequency=0 (a fixed "
+                "reference) or a larger interval for the KL term to regularise.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ loop
     def train_step(
@@ -141,6 +151,7 @@ class GRPOTrainer:
         local, metrics = self._collect(states, refill)  # this process's samples
         sampled = time.perf_counter()
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
+        self._check_on_policy(len(rewards))
         advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
         advantage_time = time.perf_counter() - sampled
         skip_zero = self._skips_zero_advantage()
@@ -168,6 +179,19 @@ class GRPOTrainer:
             self.best_loss = min(self.best_loss, metrics["step_loss"])
         self.history.append(metrics)
         return metrics
+
+    def _check_on_policy(self, N: int) -> None:
+        """REINFORCE ignores π_old: every optimizer step of a rollout after the first would
+        train on off-policy samples uncorrected."""
+        c = self.config
+        if c.loss_type == "reinforce" and c.batch_size * c.gradient_accumulation_steps < N:
+            raise ValueError(
+                f"loss_type='reinforce' with batch_size={c.batch_size} x "
+                f"gradient_accumulation_steps={c.gradient_accumulation_steps} < N={N} samples: "
+                "several optimizer steps per rollout, and REINFORCE has no importance ratio to "
+                "correct the later ones; allowed: batch_size * gradient_accumulation_steps >= N, "
+                "or loss_type='clipped'"
+            )
 
     def _collect(
         self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None

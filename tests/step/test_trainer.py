@@ -85,6 +85,34 @@ def test_reference_refreshed_exactly_every_freq_steps(freq):
         assert _equal(_params(trainer.reference_policy), initial)
 
 
+def test_a_reference_copied_every_step_is_warned_about_and_gives_zero_kl():
+    """ref_update_frequency=1, μ=1, one optimizer step per rollout: π_ref = π_old, so the KL
+    term is exactly 0 every step; the trainer warns once, at construction, and says why."""
+    torch.manual_seed(0)
+    policy = SequencePolicy(3, 4, max_length=3)
+    config = GRPOConfig(group_size=4, batch_size=12, num_epochs_per_update=1, kl_coeff=0.5,
+                        ref_update_frequency=1, entropy_coeff=0.0)  # fmt: skip
+    with pytest.warns(UserWarning, match="ref_update_frequency=1 .* the KL term is 0") as caught:
+        trainer = GRPOTrainer(policy, token_count_reward(), config=config)
+    assert len(caught) == 1
+    for _ in range(3):
+        metrics = trainer.train_step([0, 1, 2])
+        assert metrics["kl/mean"] == 0.0 and metrics["loss/kl"] == 0.0
+    fixed = GRPOTrainer(policy, token_count_reward(), config=GRPOConfig(
+        group_size=4, batch_size=12, num_epochs_per_update=1, kl_coeff=0.5, entropy_coeff=0.0))
+    fixed.train_step([0, 1, 2])
+    assert fixed.train_step([0, 1, 2])["kl/mean"] > 0  # a fixed reference does regularise
+
+
+def test_reinforce_refuses_several_optimizer_steps_per_rollout():
+    """REINFORCE ignores π_old: a rollout cut into two optimizer steps is rejected by name."""
+    config = GRPOConfig(group_size=4, batch_size=6, num_epochs_per_update=1,
+                        loss_type="reinforce", kl_coeff=0.0, entropy_coeff=0.0)  # fmt: skip
+    trainer = GRPOTrainer(SequencePolicy(3, 4, max_length=3), token_count_reward(), config=config)
+    with pytest.raises(ValueError, match="loss_type='reinforce' with batch_size=6"):
+        trainer.train_step([0, 1, 2])  # N = 12 samples, 6 per optimizer step
+
+
 def test_reference_is_frozen_and_absent_without_kl():
     """The reference is in eval mode without grads; kl_coeff=0 builds none."""
     policy = SequencePolicy(2, 3, max_length=2)

@@ -1,0 +1,135 @@
+"""One training run of `grpo` or TRL on an arithmetic workload, with held-out accuracy
+against training wall time: the worker side of `bench/time_to_accuracy.py`.
+
+Both libraries get the same things, all taken from one grpo `RunConfig`
+(configs/demo.yaml plus the workload's overrides): the shipped arith-tiny model,
+the same train and held-out problems (built by grpo's arithmetic task), the same
+reward function, B prompts x G samples per step, the same sampling settings,
+AdamW at the same rate with the same warm-up + cosine schedule, the same
+gradient clip, no KL, a token-mean loss, fp32 on the CPU, the same thread count.
+
+Evaluation is identical too: grpo's own evaluator (greedy, the 500 held-out
+problems) on a grpo policy holding a copy of the trained weights. Its time is
+not counted: the clock runs only while a library trains (sampling, rewards,
+loss, backward, optimizer), so "seconds" is training wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ACCURACY = "eval/greedy/accuracy"
+
+
+def run_config(overrides: list[str], seed: int, run_dir: str) -> Any:
+    from grpo.run.config_files import load_config
+
+    sets = [*overrides, f"seed={seed}", f"run.dir={run_dir}", "evaluation.modes=[greedy]"]
+    return load_config(str(REPO / "configs" / "demo.yaml"), sets)
+
+
+def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list[dict]:
+    """grpo's own loop (what `grpo train` builds); evaluations outside the clock."""
+    from grpo.cli.tasks import build_task
+    from grpo.run.train import build_loop, seed_everything
+
+    config = run_config(overrides, seed, str(out / "grpo"))
+    seed_everything(config.seed, config.run.deterministic, config.run.threads)
+    loop, parts = build_loop(config, build_task)
+    points, seconds = [], 0.0
+    for step in range(config.schedule.num_steps + 1):
+        if step % eval_every == 0 or step == config.schedule.num_steps:
+            points.append({"step": step, "seconds": seconds, "accuracy": parts.evaluate()[0][ACCURACY]})
+        if step < config.schedule.num_steps:
+            start = time.perf_counter()
+            loop.train_step()
+            seconds += time.perf_counter() - start
+    return points
+
+
+def trl_config(config: Any, seed: int, out: Path) -> Any:
+    """TRL's GRPOConfig for the run grpo's `config` describes."""
+    from trl import GRPOConfig
+
+    s, g, gen = config.schedule, config.grpo, config.policy.generation
+    return GRPOConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=config.prompts_per_step * g.group_size,
+        num_generations=g.group_size, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_iterations=1, max_completion_length=gen.max_new_tokens, temperature=gen.temperature,
+        top_p=gen.top_p, top_k=gen.top_k, beta=0.0, learning_rate=s.learning_rate,
+        lr_scheduler_type=s.lr_scheduler, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
+        adam_beta1=s.adam_betas[0], adam_beta2=s.adam_betas[1], max_grad_norm=g.max_grad_norm,
+        max_steps=s.num_steps, use_cpu=True, bf16=False, fp16=False, use_vllm=False,
+        report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",
+        scale_rewards="group", mask_truncated_completions=False, log_completions=False,
+    )  # fmt: skip
+
+
+def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list[dict]:
+    """TRL 1.16's GRPOTrainer; evaluations (in a callback) are taken off the clock."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from grpo.cli.tasks import build_task
+    from grpo.run.train import seed_everything
+    from grpo.tasks import arithmetic
+
+    config = run_config(overrides, seed, str(out / "grpo-eval"))
+    seed_everything(config.seed, False, config.run.threads)
+    parts = build_task(config)  # the data and the evaluator; its policy only evaluates
+    steps = config.schedule.num_steps
+    points: list[dict] = []
+    clock = {"started": 0.0, "off": 0.0}  # training starts when TRL's first step is about to
+
+    def evaluate(step: int, model: Any) -> None:
+        begin = time.perf_counter()
+        parts.policy.model.load_state_dict(model.state_dict())
+        seconds = begin - clock["started"] - clock["off"]
+        points.append({"step": step, "seconds": seconds, "accuracy": parts.evaluate()[0][ACCURACY]})
+        clock["off"] += time.perf_counter() - begin
+
+    class Evaluate(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            clock["started"] = time.perf_counter()
+            evaluate(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % eval_every == 0 or state.global_step == steps:
+                evaluate(state.global_step, model)
+
+    def correct(prompts, completions, answer, **columns):
+        return arithmetic.reward(prompts, completions, answer)
+
+    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=correct, args=trl_config(config, seed, out),
+        train_dataset=Dataset.from_list([dict(r) for r in parts.train_states]),
+        processing_class=AutoTokenizer.from_pretrained(config.model.path),
+    )  # fmt: skip
+    trainer.add_callback(Evaluate())
+    torch.set_num_threads(config.run.threads or torch.get_num_threads())
+    trainer.train()
+    return points
+
+
+LIBRARIES = {"grpo": grpo_run, "trl": trl_run}
+
+
+def main(argv: list[str]) -> None:
+    """argv: LIBRARY SEED EVAL_EVERY OUT_DIR [override ...]; prints one JSON line last."""
+    library, seed, eval_every, out, *overrides = argv
+    points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out))
+    print(json.dumps({"library": library, "seed": int(seed), "points": points}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

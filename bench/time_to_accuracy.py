@@ -1,0 +1,176 @@
+"""Held-out accuracy against training wall time: grpo and TRL 1.16 on the demo workload.
+
+    python bench/time_to_accuracy.py                      # demo workload, 3 seeds each
+    python bench/time_to_accuracy.py --workload three     # 3 operands: a harder task
+    python bench/time_to_accuracy.py --seeds 1 --steps 40 --eval-every 10   # a quick look
+
+Every run is a fresh subprocess (`bench/accuracy_workers.py`), alternating
+grpo, TRL, grpo, TRL, ... so that both see the same machine state. Each run
+records held-out greedy accuracy on the 500 held-out problems every
+`--eval-every` steps, against the training wall time so far (evaluations
+excluded) and the step. The summary, medians over seeds:
+- each library's final accuracy and seconds per step;
+- how long each takes to first reach TRL's final (median) accuracy;
+- each library's accuracy after equal training wall time (a quarter, half and
+  all of TRL's training time).
+It prints the table, writes the records as JSON (`--json`) and a PNG of
+accuracy against seconds with every run and both libraries' medians (`--png`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "accuracy_workers.py"
+WORKLOADS = {  # name -> configs/demo.yaml overrides
+    "demo": [],
+    "three": ["task.options.num_operands=3"],
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=WORKLOADS, default="demo")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per library (seeds 0, 1, ...)")
+    parser.add_argument("--steps", type=int, default=None, help="override schedule.num_steps")
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--set", action="append", default=[], help="more demo.yaml overrides")
+    parser.add_argument("--libraries", default="grpo,trl")
+    parser.add_argument("--json", help="write every record and the summary here")
+    parser.add_argument("--png", help="write the accuracy-against-seconds plot here")
+    return parser.parse_args(argv)
+
+
+def run(library: str, seed: int, args: argparse.Namespace, overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, str(WORKER), library, str(seed), str(args.eval_every), out]
+        done = subprocess.run(command + overrides, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"{library} seed {seed} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def accuracy_at(points: list[dict], seconds: float) -> float:
+    """The accuracy of the last evaluation at or before `seconds` of training."""
+    return [p["accuracy"] for p in points if p["seconds"] <= seconds + 1e-9][-1]
+
+
+def time_to(points: list[dict], accuracy: float) -> float:
+    """Training seconds until the first evaluation at or above `accuracy` (inf: never)."""
+    return next((p["seconds"] for p in points if p["accuracy"] >= accuracy - 1e-9), float("inf"))
+
+
+def summarise(records: list[dict]) -> dict:
+    by = {lib: [r["points"] for r in records if r["library"] == lib] for lib in ("grpo", "trl")}
+    med = statistics.median
+    summary = {}
+    for lib, runs in by.items():
+        if runs:
+            steps = runs[0][-1]["step"]
+            summary[lib] = {
+                "final_accuracy": med(p[-1]["accuracy"] for p in runs),
+                "seconds": med(p[-1]["seconds"] for p in runs),
+                "seconds_per_step": med(p[-1]["seconds"] / steps for p in runs),
+                "finals": [p[-1]["accuracy"] for p in runs],
+            }
+    if by["grpo"] and by["trl"]:
+        target, trl_time = summary["trl"]["final_accuracy"], summary["trl"]["seconds"]
+        for lib, runs in by.items():
+            summary[lib]["time_to_trl_final"] = med(time_to(p, target) for p in runs)
+            summary[lib]["accuracy_at"] = {
+                f"{frac:g}": med(accuracy_at(p, frac * trl_time) for p in runs)
+                for frac in (0.25, 0.5, 1.0)
+            }
+        summary["ratio_time_to_trl_final"] = (
+            summary["grpo"]["time_to_trl_final"] / summary["trl"]["time_to_trl_final"]
+        )
+    return summary
+
+
+def table(summary: dict) -> str:
+    rows = ["| | final accuracy (per seed) | s/step | training s | time to TRL's final | "
+            "accuracy at 1/4, 1/2, 1 x TRL's time |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for lib in ("grpo", "trl"):
+        if lib not in summary:
+            continue
+        s = summary[lib]
+        finals = ", ".join(f"{100 * a:.1f}" for a in s["finals"])
+        at = s.get("accuracy_at", {})
+        at_text = " / ".join(f"{100 * at[k]:.1f}" for k in ("0.25", "0.5", "1")) if at else "-"
+        ttf = s.get("time_to_trl_final")
+        rows.append(
+            f"| {lib} | {100 * s['final_accuracy']:.1f} % ({finals}) | {s['seconds_per_step']:.3f} "
+            f"| {s['seconds']:.0f} | {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} |"
+        )
+    if "ratio_time_to_trl_final" in summary:
+        rows.append(f"\ngrpo / TRL time to TRL's final accuracy: "
+                    f"{summary['ratio_time_to_trl_final']:.2f}")  # fmt: skip
+    return "\n".join(rows)
+
+
+def plot(records: list[dict], summary: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"grpo": "tab:blue", "trl": "tab:orange"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for record in records:
+        points = record["points"]
+        ax.plot([p["seconds"] for p in points], [100 * p["accuracy"] for p in points],
+                color=colours[record["library"]], alpha=0.35, lw=1)  # fmt: skip
+    for lib, colour in colours.items():
+        runs = [r["points"] for r in records if r["library"] == lib]
+        if runs:  # the median accuracy of the runs at each evaluation (same steps in every run)
+            xs = [statistics.median(p[i]["seconds"] for p in runs) for i in range(len(runs[0]))]
+            ys = [statistics.median(100 * p[i]["accuracy"] for p in runs) for i in range(len(runs[0]))]
+            ax.plot(xs, ys, color=colour, lw=2.5, label=f"{lib} (median of {len(runs)})")
+    if "trl" in summary:
+        ax.axhline(100 * summary["trl"]["final_accuracy"], color="grey", ls="--", lw=1,
+                   label="TRL's final accuracy (median)")  # fmt: skip
+    ax.set_xlabel("training wall time (s), evaluations excluded")
+    ax.set_ylabel("held-out greedy accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    overrides = WORKLOADS[args.workload] + list(args.set)
+    if args.steps is not None:
+        overrides.append(f"schedule.num_steps={args.steps}")
+    libraries = args.libraries.split(",")
+    records = []
+    for seed in range(args.seeds):
+        for lib in libraries:  # alternating, fresh processes
+            record = run(lib, seed, args, overrides)
+            records.append(record)
+            last = record["points"][-1]
+            print(f"{lib} seed {seed}: {100 * last['accuracy']:.1f} % after {last['step']} steps, "
+                  f"{last['seconds']:.0f} s of training", flush=True)  # fmt: skip
+    summary = summarise(records)
+    print(table(summary))
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}"
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"workload": args.workload, "overrides": overrides, "machine": machine,
+             "records": records, "summary": summary}, indent=1))  # fmt: skip
+    if args.png:
+        plot(records, summary, args.png, f"{args.workload} workload: grpo and TRL 1.16")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

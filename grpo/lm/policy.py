@@ -74,6 +74,13 @@ class CausalLMSettings:
     logits tensor exists (for large vocabularies; backward recomputes each chunk's logits).
     Needs a plain linear output layer (no LoRA on it) and logits without soft-capping or
     scaling, checked on first use; not with FSDP2."""
+    share_prompt_prefix: bool = True
+    """Score the rows of a micro-batch that continue the same prompt (the G samples of a
+    group) with one forward over that prompt, its KV cache shared by the rows, instead of
+    one full forward per row: equal to float rounding, in log-probs and gradients. It applies
+    to Llama, Mistral, Qwen2, Qwen3 and GPT-2 models (LoRA included), not in the gradient
+    pass with gradient_checkpointing, nor with FSDP2; elsewhere the plain forward runs and
+    says why once in the log ("grpo.lm.prefix")."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True
@@ -281,6 +288,7 @@ class CausalLMPolicy:
             compute_entropy=s.compute_entropy,
             chunked_output_layer=s.chunked_output_layer,
             mask_truncated_completions=s.mask_truncated_completions,
+            share_prompt_prefix=s.share_prompt_prefix,
         )
 
     def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:

@@ -2,12 +2,18 @@
 
 Follows seeds 001 and 003: one forward pass over the left-padded prompt
 followed by the right-padded completion; the logits at position t score token
-t + 1 (`grpo.functional.completion_logprobs`), divided by the sampling
-temperature. Position ids count real tokens only, so a row scores the same
-with or without left padding (absolute-position models such as GPT-2 need
-this; rotary ones are shift-invariant anyway).
+t + 1 (the causal shift of `grpo.functional.completion_logprobs`), divided by
+the sampling temperature. Position ids count real tokens only, so a row scores
+the same with or without left padding (absolute-position models such as GPT-2
+need this; rotary ones are shift-invariant anyway).
 
 Choices:
+- Rows of a micro-batch that continue the same prompt (a group's G samples)
+  share one forward over it (`share_prompt_prefix`, `grpo.lm.prefix`): the
+  distinct prompts run once with a KV cache, the completions against it; the
+  same log-probs and gradients to float rounding. A micro-batch whose prompts
+  all differ, and models or settings where sharing does not apply (logged
+  once), get the plain forward.
 - The completion mask ends at the first EOS (counted); later tokens never
   count and get log-prob 0 through `torch.where`, so no gradient reaches them.
   `mask_truncated_completions` masks whole completions that hit
@@ -32,16 +38,24 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpo.functional.logprobs import completion_logprobs, entropy_from_logits
+from grpo.functional.logprobs import entropy_from_logits, selective_log_softmax
 from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
 from grpo.lm.completion import Completion
+from grpo.lm.prefix import (
+    SharedPrompts,
+    agrees_once,
+    cache_argument,
+    group_prompts,
+    shared_prompt_forward,
+    sharing_blocker,
+)
 from grpo.lm.sampling import left_pad
 from grpo.protocols import TokenLogProbs
 
@@ -61,6 +75,7 @@ class ScoringSettings(NamedTuple):
     compute_entropy: bool
     chunked_output_layer: bool
     mask_truncated_completions: bool
+    share_prompt_prefix: bool = True  # rows with one prompt share its forward (grpo.lm.prefix)
 
 
 def score_completions(
@@ -73,8 +88,9 @@ def score_completions(
             raise TypeError(f"action {n}: got {type(action).__name__}; allowed: Completion")
     T = max([a.num_tokens for a in actions] + [1])
     step = settings.micro_batch_size
+    share = settings.share_prompt_prefix and sharing_blocker(model) is None
     parts = [
-        _score_micro_batch(model, actions[s : s + step], settings)
+        _score_micro_batch(model, actions[s : s + step], settings, share)
         for s in range(0, len(actions), step)
     ]
     logprobs = torch.cat([F.pad(p[0], (0, T - p[0].shape[1])) for p in parts])  # (N, T)
@@ -87,10 +103,33 @@ def score_completions(
     return TokenLogProbs(logprobs, mask, entropy), metrics
 
 
+class _Rows(NamedTuple):
+    """One micro-batch of rows, ready for the model."""
+
+    inputs: dict[str, Tensor]  # input_ids, attention_mask, position_ids (n, P+T)
+    completion_ids: Tensor  # (n, T) right-padded
+    present: Tensor  # (n, T) long, 1 = a real completion token
+    prompts: SharedPrompts | None  # the distinct prompts, when rows share them and sharing applies
+
+
 def _score_micro_batch(
-    model: nn.Module, actions: Sequence[Completion], settings: ScoringSettings
+    model: nn.Module, actions: Sequence[Completion], settings: ScoringSettings, share: bool
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """One forward over [left-padded prompt | right-padded completion] -> (n, T) each."""
+    """One forward over [left-padded prompt | right-padded completion] (or the shared-prompt
+    forward: `grpo.lm.prefix`) -> (n, T) each."""
+    rows = _rows(model, actions, settings, share)
+    score = _score_folded if settings.chunked_output_layer else _score_logits
+    logprobs, entropy = score(model, rows, settings)  # (n, T) each
+    mask = _completion_mask(actions, rows.completion_ids, rows.present, settings)  # (n, T)
+    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
+    if entropy is not None:
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
+    return logprobs, mask, entropy
+
+
+def _rows(
+    model: nn.Module, actions: Sequence[Completion], settings: ScoringSettings, share: bool
+) -> _Rows:
     pad = settings.pad_token_id
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = left_pad([a.prompt_ids for a in actions], pad)  # (n, P)
@@ -109,14 +148,10 @@ def _score_micro_batch(
         "attention_mask": attention_mask,
         "position_ids": position_ids,
     }
-    completion_ids = completion_ids.to(device)
-    score = _score_folded if settings.chunked_output_layer else _score_logits
-    logprobs, entropy = score(model, inputs, completion_ids, settings)  # (n, T) each
-    mask = _completion_mask(actions, completion_ids, present.to(device), settings)  # (n, T)
-    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
-    if entropy is not None:
-        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))  # (n, T)
-    return logprobs, mask, entropy
+    prompts = group_prompts([a.prompt_ids for a in actions], pad) if share else None
+    if prompts is not None and len(prompts.ids) == len(actions):
+        prompts = None  # nothing repeats: one plain forward does the same work in one call
+    return _Rows(inputs, completion_ids.to(device), present.to(device), prompts)
 
 
 def _keeps_logits(model: nn.Module) -> bool:
@@ -125,35 +160,57 @@ def _keeps_logits(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
+def _scoring_states(
+    model: nn.Module, net: nn.Module, rows: _Rows, output: Callable[[Any], Tensor], keep: bool
+) -> Tensor:
+    """`output` of `net`'s forward at the positions that score the completion tokens ->
+    (n, T, X): position t scores token t + 1. `keep`: `net` takes `logits_to_keep`."""
+    T = rows.completion_ids.shape[1]
+
+    def plain(index: Tensor | None = None) -> Tensor:
+        """One forward over whole rows (those at `index`, else all)."""
+        inputs = rows.inputs
+        if index is not None:
+            inputs = {key: value.index_select(0, index) for key, value in inputs.items()}
+        last = {"logits_to_keep": T + 1} if keep else {}
+        states = output(net(**inputs, use_cache=False, **last))  # (n, T+1, X) or (n, P+T, X)
+        return states[:, states.shape[1] - T - 1 : -1]  # (n, T, X)
+
+    if rows.prompts is None:
+        return plain()
+    last = {"logits_to_keep": 1} if keep else {}
+    shared = shared_prompt_forward(
+        net, rows.prompts, rows.completion_ids, rows.present, output, last, cache_argument(model)
+    )  # (n, T, X)
+    return shared if agrees_once(model, shared, plain, rows.present) else plain()
+
+
 def _score_logits(
-    model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor, settings: ScoringSettings
+    model: nn.Module, rows: _Rows, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropy) from the model's own logits of the last T + 1 positions."""
-    T = completion_ids.shape[1]
-    keep = {"logits_to_keep": T + 1} if _keeps_logits(model) else {}
-    logits = model(**inputs, use_cache=False, **keep).logits  # (n, T+1, V) or (n, P+T, V)
+    """Log-probs (and entropy) from the model's own logits, only those of the positions that
+    score a completion token where the model can keep the last few only."""
+    scoring = _scoring_states(model, model, rows, lambda out: out.logits, _keeps_logits(model))
     temperature = settings.temperature
-    logprobs = completion_logprobs(logits, completion_ids, temperature)  # (n, T)
+    logprobs = selective_log_softmax(scoring, rows.completion_ids, temperature=temperature)
     entropy = None
     if settings.compute_entropy:
-        scoring = logits[:, logits.shape[1] - T - 1 : -1]  # (n, T, V) same shift as the log-probs
-        entropy = entropy_from_logits(scoring, temperature)
+        entropy = entropy_from_logits(scoring, temperature)  # (n, T)
     return logprobs, entropy
 
 
 def _score_folded(
-    model: nn.Module, inputs: dict[str, Tensor], completion_ids: Tensor, settings: ScoringSettings
+    model: nn.Module, rows: _Rows, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states and the output layer, in row
     chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor is ever made."""
-    T = completion_ids.shape[1]
     body, head = _body_and_head(model)
-    hidden = body(**inputs, use_cache=False).last_hidden_state  # (n, P+T, H)
     if model not in _FOLDING_CHECKED:
-        _check_folding(model, inputs, hidden, head)
+        _check_folding(model, body, head, rows.inputs)
         _FOLDING_CHECKED.add(model)
-    scoring = hidden[:, hidden.shape[1] - T - 1 : -1]  # (n, T, H) position t scores token t+1
+    scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
     folded = {"bias": head.bias, "temperature": settings.temperature}
+    completion_ids = rows.completion_ids
     logprobs = output_layer_logprobs(scoring, head.weight, completion_ids, **folded)  # (n, T)
     entropy = None
     if settings.compute_entropy:
@@ -182,14 +239,15 @@ def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
 
 
 def _check_folding(
-    model: nn.Module, inputs: dict[str, Tensor], hidden: Tensor, head: nn.Linear
+    model: nn.Module, body: nn.Module, head: nn.Linear, inputs: dict[str, Tensor]
 ) -> None:
     """The model's own logits of one row must be its output layer applied to its hidden states
     (not so with logit soft-capping or scaling); checked once per model."""
     with torch.no_grad():
         row = {key: value[:1] for key, value in inputs.items()}
         expected = model(**row, use_cache=False).logits[0, -1].float()  # (V,)
-        folded = head(hidden[:1, -1]).float()[0]  # (V,)
+        hidden = body(**row, use_cache=False).last_hidden_state[0, -1]  # (H,)
+        folded = head(hidden).float()  # (V,)
     gap = (expected - folded).abs().max().item()
     if gap > 1e-3 * (1.0 + expected.abs().max().item()):
         raise ValueError(

@@ -35,21 +35,23 @@ def _policy(tiny_lm_dir):
     return CausalLMPolicy(model, tokenizer, settings)
 
 
-def _count_scoring_forwards(policy) -> dict[str, int]:
-    """Counts of the model's scoring forwards (use_cache=False), with and without gradient."""
+def _count_scoring_passes(policy) -> dict[str, int]:
+    """Counts of the policy's scoring passes over the rollout, with and without gradient
+    (a pass may run more than one forward: shared-prompt scoring runs two)."""
     counts = {"no_grad": 0, "grad": 0}
+    score = policy.get_token_log_probabilities
 
-    def hook(module, args, kwargs):
-        if kwargs.get("use_cache") is False:
-            counts["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+    def counted(states, actions):
+        counts["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+        return score(states, actions)
 
-    policy.model.register_forward_pre_hook(hook, with_kwargs=True)
+    policy.get_token_log_probabilities = counted
     return counts
 
 
 def _one_step(tiny_lm_dir, **overrides):
     policy = _policy(tiny_lm_dir)
-    counts = _count_scoring_forwards(policy)
+    counts = _count_scoring_passes(policy)
     values = dict(group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0)
     values.update(entropy_coeff=0.0, max_grad_norm=None, **overrides)
     trainer = GRPOTrainer(
@@ -68,7 +70,7 @@ def test_skipping_the_old_pass_gives_the_same_update(tiny_lm_dir):
     skipped, skipped_counts, skipped_metrics = _one_step(tiny_lm_dir)
     full, full_counts, full_metrics = _one_step(tiny_lm_dir, skip_redundant_old_logprobs=False)
     assert skipped_counts["no_grad"] == 0 and full_counts["no_grad"] >= 1
-    assert skipped_counts["grad"] == full_counts["grad"] == 1  # one mini-batch, one forward
+    assert skipped_counts["grad"] == full_counts["grad"] == 1  # one mini-batch, one pass
     moved = max((full[k] - _policy_params(tiny_lm_dir)[k]).abs().max().item() for k in full)
     assert moved > 1e-4  # the step did something, so equality below means something
     for name in full:
@@ -100,7 +102,7 @@ def test_the_pass_runs_for_another_sampler(tiny_lm_dir):
     policy = _policy(tiny_lm_dir)
     policy.rollout_engine.samples_with_scorer = False
     assert not policy.sampler_is_scorer
-    counts = _count_scoring_forwards(policy)
+    counts = _count_scoring_passes(policy)
     config = GRPOConfig(group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0)
     GRPOTrainer(policy, TokenSumReward(), config=config).train_step(PROMPTS)
     assert counts["no_grad"] >= 1

@@ -13,6 +13,9 @@ On the benchmark's small model this makes a rollout about 1.7x faster than
 `generate` (docs/performance.md); on a GPU, vLLM is the engine to use.
 
 Choices:
+- Identical prompt rows (each prompt arrives G times) are prefilled once:
+  the distinct rows run, then their logits and cache rows are copied to every
+  copy (`LeanDecoder.prefill`). Decoding and the random draws are unchanged.
 - Rows that end (EOS or a stop string) leave the batch at once: their cache
   rows are dropped, so later steps compute only for rows still decoding. Each
   step reads back which rows ended (one small device-to-host copy).
@@ -54,7 +57,9 @@ _HALF_TOLERANCE = 5e-2  # bfloat16 / float16
 class LeanDecoder:
     """The model's layers run one decoding step at a time over a preallocated cache."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, share_prefill: bool = True) -> None:
+        """`share_prefill`: run each distinct prompt row once (see `prefill`)."""
+        self.share_prefill = share_prefill
         lm = model.get_base_model() if is_peft_model(model) else model
         config = lm.config
         if config.model_type not in LEAN_MODEL_TYPES:
@@ -168,14 +173,10 @@ class LeanDecoder:
     ) -> list[list[int]]:
         """`decode` once the rotary angles cos, sin (n, P + T, D) are known."""
         (n, P), T = ids.shape, settings.max_new_tokens
-        dtype, device = cos.dtype, ids.device
-        cache = self.new_cache(n, P + T, dtype, device)
+        device = ids.device
         visible = torch.zeros(n, 1, 1, P + T, dtype=torch.bool, device=device)
         visible[:, 0, 0, :P] = mask.bool()  # (n, 1, 1, P + T) keys each row may see
-        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()  # (P, P)
-        diagonal = torch.eye(P, dtype=torch.bool, device=device)  # a pad query sees itself only
-        attend = (visible[:, :, :, :P] & causal) | diagonal  # (n, 1, P, P)
-        logits = self.step(ids, cos[:, :P], sin[:, :P], cache, 0, attend)  # (n, V)
+        logits, cache = self.prefill(ids, mask, cos, sin, P + T)  # (n, V), (n, kv, P + T, D)
         eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
         rows = list(range(n))  # original index of each row still decoding
         new: list[list[int]] = [[] for _ in range(n)]
@@ -208,6 +209,35 @@ class LeanDecoder:
                 visible[:, :, :, : column + 1],
             )
         return new
+
+    def prefill(
+        self, ids: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, length: int
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Run the prompts ids (n, P) into a new cache of `length` columns -> (last logits
+        (n, V), cache). With `share_prefill`, identical rows (a prompt's G copies) run once
+        and their logits and cache rows are then copied to each of them."""
+        P = ids.shape[1]
+        cos, sin = cos[:, :P], sin[:, :P]  # (n, P, D)
+        index = self._distinct_rows(ids, mask) if self.share_prefill else None
+        if index is not None:  # (n,) which of the u distinct rows each row is
+            first = torch.empty(int(index.max()) + 1, dtype=torch.long, device=ids.device)
+            first.scatter_(0, index, torch.arange(len(index), device=ids.device))  # (u,)
+            ids, mask, cos, sin = (x.index_select(0, first) for x in (ids, mask, cos, sin))
+        cache = self.new_cache(ids.shape[0], length, cos.dtype, ids.device)
+        causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()  # (P, P)
+        diagonal = torch.eye(P, dtype=torch.bool, device=ids.device)  # a pad query sees itself only
+        attend = (mask.bool()[:, None, None, :] & causal) | diagonal  # (u, 1, P, P)
+        logits = self.step(ids, cos, sin, cache, 0, attend)  # (u, V)
+        if index is None:
+            return logits, cache
+        return logits.index_select(0, index), [c.index_select(0, index) for c in cache]
+
+    @staticmethod
+    def _distinct_rows(ids: Tensor, mask: Tensor) -> Tensor | None:
+        """(n,) index of each row among the distinct rows of ids, mask (n, P); None when
+        all n differ. A row is its ids and its mask: a pad id can also be a real token."""
+        distinct, index = torch.unique(torch.cat([ids, mask], 1), dim=0, return_inverse=True)
+        return index if distinct.shape[0] < ids.shape[0] else None
 
     def check(self, model: nn.Module, probe: Sequence[int], new: int = 2) -> float:
         """Largest gap between this loop's logits and the model's forward on probe + new tokens,

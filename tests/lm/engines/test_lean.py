@@ -57,6 +57,35 @@ def test_sampling_equals_a_cacheless_loop_with_left_padding(tiny_lm_dir, arch):
     assert len({tuple(r) for r in got}) > 1  # rows differ: the draws are not degenerate
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_shared_prefill_draws_what_an_unshared_loop_draws(tiny_lm_dir, arch):
+    """Rows repeated G times (groups interleaved, ragged, left-padded; one prompt that is
+    another one behind a real pad token) prefill each distinct row once and draw the very
+    tokens of the unshared loop and of a cacheless loop, from the same seed."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    model.eval()
+    b = rows_of(tokenizer, ["b"])[0]
+    distinct = [*rows_of(tokenizer, PROMPTS), [tokenizer.pad_token_id, *b]]  # "b" is one of them
+    rows = [row for _ in range(3) for row in distinct]  # (3 * 5,) each row 3 times, not adjacent
+    settings = GenerationSettings(max_new_tokens=6, temperature=0.7, top_k=20, top_p=0.9)
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    got, prefilled = {}, []
+    for share in (True, False):
+        decoder = LeanDecoder(model, share_prefill=share)
+        decoder.step = lambda ids, *args, step=decoder.step: (
+            prefilled.append(ids.shape) or step(ids, *args)
+        )
+        with torch.no_grad():
+            torch.manual_seed(11)
+            got[share] = decoder.decode(ids, mask, settings, eos_ids=())
+    with torch.no_grad():
+        want = cacheless_sample(model, rows, settings, seed=11)
+    assert got[True] == got[False] == want
+    assert prefilled[0] == (len(distinct), ids.shape[1])  # shared: each distinct row once
+    assert (len(rows), ids.shape[1]) in prefilled  # unshared: every row
+    assert got[True][0] != got[True][len(distinct)]  # a prompt's copies draw their own tokens
+
+
 def greedy_pair(model, tokenizer, rows, settings, eos_ids):
     """(lean, generate) greedy completions, both cut by split_completion."""
     ids, mask = left_pad(rows, tokenizer.pad_token_id)

@@ -1,0 +1,268 @@
+"""Shared-prompt scoring (grpo.lm.prefix through grpo.lm.scoring): the same log-probs and
+gradients as the plain forward, and the plain forward wherever sharing does not apply."""
+
+import logging
+import random
+
+import pytest
+import torch
+from tiny_models import ARCHS, load_tiny_causal_lm
+from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
+
+import grpo.lm.scoring as scoring
+from grpo.lm.completion import Completion
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.prefix import cache_argument, group_prompts, shared_prompt_forward
+from grpo.lm.sampling import GenerationSettings
+from grpo.lm.scoring import ScoringSettings, score_completions
+
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def _actions(vocab, eos, group_size=3, seed=0):
+    """Groups of G rows behind prompts of 1 to 9 tokens, ragged completions (one empty, one
+    of 1 token, one with tokens after its EOS), one row with a prompt of its own; shuffled,
+    so a prompt's rows are not contiguous."""
+    rng = random.Random(seed)
+    words = [t for t in range(3, vocab) if t != eos]
+    prompts = [rng.choices(words, k=k) for k in (4, 9, 1, 6)]
+    out = []
+    for p, prompt in enumerate(prompts):
+        for j in range(group_size):
+            ids = rng.choices(words, k=(p + 2 * j) % 6)
+            if j == 1 and p % 2:
+                ids = [*ids[:2], eos, *rng.choices(words, k=2)]
+            out.append(Completion("x", ids, prompt, truncated=False, finished_by_eos=eos in ids))
+    out.append(Completion("x", rng.choices(words, k=5), rng.choices(words, k=7), False, False))
+    rng.shuffle(out)
+    return out
+
+
+def _settings(share, folded=False, micro_batch_size=64, eos=1):
+    return ScoringSettings(
+        pad_token_id=0,
+        eos_token_ids=(eos,),
+        temperature=0.7,
+        micro_batch_size=micro_batch_size,
+        compute_entropy=True,
+        chunked_output_layer=folded,
+        mask_truncated_completions=False,
+        share_prompt_prefix=share,
+    )
+
+
+def _score_and_grads(model, actions, settings):
+    """Token log-probs, mask, entropy and the gradient of a weighted sum w.r.t. every weight."""
+    model.zero_grad(set_to_none=True)
+    out, _ = score_completions(model, actions, settings)
+    weights = torch.linspace(0.5, 1.5, out.logprobs.numel()).view_as(out.logprobs)
+    ((out.logprobs * weights).sum() + 0.1 * out.entropy.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def _assert_same(got, expected):
+    (out, grads), (want, want_grads) = got, expected
+    assert torch.equal(out.completion_mask, want.completion_mask)
+    torch.testing.assert_close(out.logprobs, want.logprobs, **TOLERANCE)
+    torch.testing.assert_close(out.entropy, want.entropy, **TOLERANCE)
+    assert grads.keys() == want_grads.keys() and grads
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, **GRAD_TOLERANCE, msg=name)
+
+
+def _assert_shared(shapes, actions):
+    """The distinct prompts ran alone, once, and no forward ran whole rows (prompt and
+    completion): the scores are the shared forward's, not a fallback's."""
+    prompts = {a.prompt_ids for a in actions}
+    P, T = max(len(p) for p in prompts), max(a.num_tokens for a in actions)
+    assert shapes.count((len(prompts), P)) == 1
+    assert (len(actions), T - 1) in shapes  # every completion, its last token left out
+    assert (len(actions), P + T) not in shapes
+
+
+def _input_shapes(model):
+    """Shapes of the token ids every forward of `model` (or of its body) embeds, in order."""
+    shapes = []
+    model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: shapes.append(tuple(args[0].shape))
+    )
+    return shapes
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
+    """Log-probs, entropy, mask and every weight gradient equal the plain forward's (1e-5), with
+    ragged left-padded prompts and shuffled groups, and each distinct prompt runs once."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    eos = tokenizer.eos_token_id
+    actions = _actions(len(tokenizer), eos)
+    expected = _score_and_grads(model, actions, _settings(False, folded, eos=eos))
+    shapes = _input_shapes(model)
+    got = _score_and_grads(model, actions, _settings(True, folded, eos=eos))
+    _assert_same(got, expected)
+    _assert_shared(shapes, actions)
+
+
+CONFIGS = {
+    "mistral_window_4": lambda **shape: MistralConfig(sliding_window=4, **shape),
+    "qwen3": lambda **shape: Qwen3Config(head_dim=8, **shape),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_sliding_window_and_qwen3_models_score_the_same(name):
+    """Mistral with a window shorter than the prompts, and Qwen3 (per-head norms): the same
+    log-probs and gradients as the plain forward."""
+    config = CONFIGS[name](
+        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    actions = _actions(40, eos=1)
+    expected = _score_and_grads(model, actions, _settings(False))
+    shapes = _input_shapes(model)
+    _assert_same(_score_and_grads(model, actions, _settings(True)), expected)
+    _assert_shared(shapes, actions)
+
+
+def test_lora_policy_and_its_reference(tiny_lm_dir):
+    """With non-zero LoRA adapters, the policy's log-probs and adapter gradients and the
+    adapters-disabled reference's log-probs equal the plain forward's."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    model = apply_lora(model, LoraSettings(r=4, alpha=8))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    generation = GenerationSettings(max_new_tokens=6, temperature=0.7, seed=3)
+    policies = {
+        share: CausalLMPolicy(
+            model, tokenizer, CausalLMSettings(generation, 64, share_prompt_prefix=share)
+        )
+        for share in (False, True)
+    }
+    actions = _actions(len(tokenizer), tokenizer.eos_token_id)
+    settings = {share: policy.scoring_settings() for share, policy in policies.items()}
+    expected = _score_and_grads(model, actions, settings[False])
+    shapes = _input_shapes(model)
+    _assert_same(_score_and_grads(model, actions, settings[True]), expected)
+    _assert_shared(shapes, actions)
+    states = [None] * len(actions)
+    with torch.no_grad():
+        references = {s: p.make_reference() for s, p in policies.items()}
+        want = references[False].get_token_log_probabilities(states, actions).logprobs
+        shapes = _input_shapes(model)
+        got = references[True].get_token_log_probabilities(states, actions).logprobs
+        _assert_shared(shapes, actions)
+        policy_logprobs = policies[True].get_token_log_probabilities(states, actions).logprobs
+    torch.testing.assert_close(got, want, **TOLERANCE)
+    assert (policy_logprobs - got).abs().max() > 1e-3  # the reference is not the policy
+
+
+def test_distinct_prompts_and_mixed_micro_batches(tiny_lm_dir):
+    """Rows whose prompts all differ, run through the shared forward itself, equal the plain
+    forward; micro-batches of 4 (some sharing prompts, some not) score as the plain forward."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("gpt2"))
+    eos = tokenizer.eos_token_id
+    actions = _actions(len(tokenizer), eos)
+    mixed = _settings(True, micro_batch_size=4, eos=eos)
+    _assert_same(
+        _score_and_grads(model, actions, mixed),
+        _score_and_grads(model, actions, _settings(False, eos=eos)),
+    )
+    distinct = list({a.prompt_ids: a for a in actions}.values())  # one row per prompt
+    rows = scoring._rows(model, distinct, _settings(False, eos=eos), share=False)
+    T = rows.completion_ids.shape[1]
+    with torch.no_grad():
+        want = model(**rows.inputs).logits[:, -T - 1 : -1]  # (n, T, V)
+        prompts = group_prompts([a.prompt_ids for a in distinct], pad_id=0)
+        got = shared_prompt_forward(
+            model, prompts, rows.completion_ids, rows.present, lambda out: out.logits, {},
+            cache_argument(model),
+        )  # fmt: skip
+    real = rows.present.bool()
+    torch.testing.assert_close(got[real], want[real], **TOLERANCE)
+
+
+def _count_shared(model, actions, settings, grad=True):
+    """Scores, and how many forwards ran the distinct prompts alone (the shared prompt pass)."""
+    shapes = _input_shapes(model)
+    with torch.set_grad_enabled(grad):
+        out, _ = score_completions(model, actions, settings)
+    prompts = {a.prompt_ids for a in actions}
+    return out, shapes.count((len(prompts), max(len(p) for p in prompts)))
+
+
+def test_gradient_checkpointing_falls_back_in_the_gradient_pass_only(
+    tiny_lm_dir, caplog, monkeypatch
+):
+    """With gradient checkpointing (which drops the cache) the gradient pass runs the plain
+    forward, says why once, and scores the same; a no-grad pass still shares."""
+    monkeypatch.setattr("grpo.lm.prefix._LOGGED", set())
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    generation = GenerationSettings(max_new_tokens=6)
+    settings = CausalLMSettings(generation, micro_batch_size=64, gradient_checkpointing=True)
+    policy = CausalLMPolicy(model, tokenizer, settings)
+    actions = _actions(len(tokenizer), tokenizer.eos_token_id)
+    policy.train()
+    with caplog.at_level(logging.INFO, logger="grpo.lm.prefix"):
+        out, shared = _count_shared(model, actions, policy.scoring_settings())
+        _count_shared(model, actions, policy.scoring_settings())
+    assert shared == 0
+    assert [r.getMessage() for r in caplog.records].count(
+        "share_prompt_prefix: the plain forward scores instead: gradient checkpointing drops "
+        "the KV cache in the gradient pass"
+    ) == 1
+    plain, _ = _count_shared(
+        model, actions, policy.scoring_settings()._replace(share_prompt_prefix=False)
+    )
+    torch.testing.assert_close(out.logprobs, plain.logprobs, **TOLERANCE)
+    no_grad, shared = _count_shared(model, actions, policy.scoring_settings(), grad=False)
+    assert shared > 0
+    torch.testing.assert_close(no_grad.logprobs, plain.logprobs, **TOLERANCE)
+
+
+def _fallback_case(tiny_lm_dir, arch):
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    actions = _actions(len(tokenizer), tokenizer.eos_token_id)
+    plain, _ = _count_shared(model, actions, _settings(False, eos=tokenizer.eos_token_id))
+    return model, actions, plain, _settings(True, eos=tokenizer.eos_token_id)
+
+
+def test_a_model_type_off_the_list_falls_back(tiny_lm_dir, monkeypatch, caplog):
+    """A model type not in SHARED_PREFIX_MODEL_TYPES scores with the plain forward, logged once."""
+    monkeypatch.setattr("grpo.lm.prefix._LOGGED", set())
+    monkeypatch.setattr("grpo.lm.prefix.SHARED_PREFIX_MODEL_TYPES", ("gpt2",))
+    model, actions, plain, settings = _fallback_case(tiny_lm_dir, "llama")
+    with caplog.at_level(logging.INFO, logger="grpo.lm.prefix"):
+        for _ in range(2):
+            got, shared = _count_shared(model, actions, settings)
+            assert shared == 0
+            torch.testing.assert_close(got.logprobs, plain.logprobs, **TOLERANCE)
+    assert [r.getMessage() for r in caplog.records] == [
+        "share_prompt_prefix: the plain forward scores instead: model type 'llama' is not one "
+        "it was checked on (gpt2)"
+    ]
+
+
+def test_a_failed_first_check_turns_sharing_off(tiny_lm_dir, monkeypatch, caplog):
+    """A shared forward that disagrees with the plain one on its first micro-batch is caught:
+    that micro-batch and every later one get the plain forward's scores, logged."""
+    monkeypatch.setattr("grpo.lm.prefix._LOGGED", set())
+    model, actions, plain, settings = _fallback_case(tiny_lm_dir, "gpt2")
+    forward = scoring.shared_prompt_forward
+    monkeypatch.setattr(scoring, "shared_prompt_forward", lambda *args: forward(*args) + 0.1)
+    with caplog.at_level(logging.INFO, logger="grpo.lm.prefix"):
+        got, shared = _count_shared(model, actions, settings)
+        again, shared_again = _count_shared(model, actions, settings)
+    assert (shared, shared_again) == (1, 0)
+    torch.testing.assert_close(got.logprobs, plain.logprobs, **TOLERANCE)
+    torch.testing.assert_close(again.logprobs, plain.logprobs, **TOLERANCE)
+    (record,) = caplog.records
+    assert "on GPT2LMHeadModel it differs from the plain forward by" in record.getMessage()

@@ -8,7 +8,10 @@
 
 A config is rejected before any model loads when a key is unknown, a value
 has the wrong type, or values contradict each other; the message names the
-key. `docs/config.md` lists every key.
+key. `docs/config.md` lists every key. Data are checked before the first step
+(bad rows, columns a reward function requires, prompts too long for the
+model), and a reward function that raises or returns a wrong value stops the
+run with its checkpoints intact; each prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -171,12 +174,15 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one `grpo` command; exit status 2 with a one-line message for a bad config."""
+    """Run one `grpo` command; exit status 2 with a one-line message for a bad config, bad
+    data, or a reward function that breaks the reward contract (its checkpoints kept)."""
+    from grpo.rewards.errors import RewardError
     from grpo.run.structured import ConfigError
 
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ConfigError, FileExistsError) as err:
-        print(f"grpo {args.command}: error: {err}", file=sys.stderr)
+    except (ConfigError, FileExistsError, RewardError) as err:
+        message = " ".join(str(err).split("\n"))
+        print(f"grpo {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.run.config import RunConfig
-from grpo.run.parts import TaskParts, load_policy, text_parts
+from grpo.run.parts import TaskParts, load_policy, load_text_data, text_parts
 from grpo.run.structured import ConfigError
 
 __all__ = ["TASKS", "build_task", "import_object"]
@@ -99,24 +99,39 @@ def _guess_number(config: RunConfig) -> TaskParts:
 
 
 def _prompts(config: RunConfig) -> TaskParts:
-    from grpo.rewards.combine import TextReward
-
     t = config.task
-    functions = {}
-    for i, spec in enumerate(t.rewards):
-        fn = import_object(spec.function, f"task.rewards[{i}].function")
-        functions[getattr(fn, "__name__", spec.function)] = fn
-    if len(functions) != len(t.rewards):
-        raise ConfigError("task.rewards: two reward functions share a name; rename one")
-    reward = TextReward(functions, [spec.weight for spec in t.rewards])
+    reward = _reward_functions(t.rewards)
     accuracy = import_object(t.accuracy, "task.accuracy") if t.accuracy else None
+    if accuracy is not None and not callable(accuracy):
+        raise ConfigError(
+            f"task.accuracy: {t.accuracy!r} is {type(accuracy).__name__}; allowed: a function"
+        )
+    # every row read and checked against the reward functions before the model loads
+    train, held_out = load_text_data(reward, t.train_file, t.eval_file, accuracy)
     headline = tuple(
         f"eval/{mode}/{'accuracy' if accuracy else 'reward_mean'}"
         for mode in config.evaluation.modes
     )
-    return text_parts(
-        config, load_policy(config), reward, t.train_file, t.eval_file, accuracy, headline
-    )
+    return text_parts(config, load_policy(config), reward, train, held_out, accuracy, headline)
+
+
+def _reward_functions(specs: Sequence[Any]) -> Any:
+    """The `TextReward` of task.rewards; a function that is not one is named by its key."""
+    from grpo.rewards.combine import TextReward
+
+    functions = {}
+    for i, spec in enumerate(specs):
+        key = f"task.rewards[{i}].function"
+        fn = import_object(spec.function, key)
+        name = getattr(fn, "__name__", spec.function)
+        try:
+            TextReward({name: fn})  # callable, and callable as fn(prompts, completions, ...)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{key}: {spec.function!r}: {err}") from err
+        functions[name] = fn
+    if len(functions) != len(specs):
+        raise ConfigError("task.rewards: two reward functions share a name; rename one")
+    return TextReward(functions, [spec.weight for spec in specs])
 
 
 TASKS: dict[str, Callable[[RunConfig], TaskParts]] = {
@@ -144,8 +159,11 @@ def import_object(spec: str, key: str) -> Any:
             loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"{key}: cannot import {module_name!r}: {err}") from err
+    except ConfigError:
+        raise
+    except Exception as err:  # a syntax error, or the file raised while it ran: the user's to fix
+        message = " ".join(f"{type(err).__name__}: {err}".split())
+        raise ConfigError(f"{key}: cannot import {module_name!r}: {message}") from err
     if not hasattr(module, attribute):
         raise ConfigError(f"{key}: {module_name!r} has no {attribute!r}")
     return getattr(module, attribute)

@@ -22,6 +22,17 @@ Departures from seed 002's plan:
   tokens) get probability zero in both sampling and scoring, so the policy is
   one consistent distribution (the plan restricts sampling to a base
   vocabulary but scores over the full one).
+- Every pass runs the model in eval mode (`disable_dropout`, on by default),
+  the gradient pass included: seed 002 samples in eval mode but trains in
+  training mode, where dropout makes the same fill score differently on every
+  pass, so the importance ratio is noise before any update (a BERT with its
+  default dropout 0.1: ratio mean 0.9976, 0.63 % of tokens clipped at
+  π = π_old). Eval mode rather than setting `nn.Dropout.p = 0` because a
+  model may drop out without an `nn.Dropout` module: attention dropout
+  passed to `scaled_dot_product_attention` as `dropout_p` when
+  `self.training` (transformers' BERT reads `attention_probs_dropout_prob`),
+  `F.dropout(..., training=self.training)`. Eval mode also makes a BatchNorm
+  use (and no longer update) its running statistics.
 - Loss, advantages and KL are not computed here: the policy offers
   per-token log-probabilities with a `completion_mask` equal to the masked
   positions (`TokenLevelPolicy`), and the trainer applies `grpo.functional`.
@@ -30,7 +41,8 @@ Departures from seed 002's plan:
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +97,11 @@ class MaskedFillConfig:
     """Token ids never sampled and given probability zero (mask, padding, specials)."""
     autocast_dtype: str | None = None
     """'bfloat16' or 'float16' runs the model under autocast on a GPU; ignored on a CPU."""
+    disable_dropout: bool = True
+    """Run the model in eval mode in every pass, the gradient pass included, so dropout
+    (any module that checks `self.training`) is off and a fill scores the same in the
+    rollout and in training. False: training-mode gradient passes, with dropout noise
+    in the importance ratio (see the module docstring)."""
 
     def __post_init__(self) -> None:
         self.suppress_token_ids = tuple(int(i) for i in self.suppress_token_ids)
@@ -96,6 +113,7 @@ class MaskedFillConfig:
             ("reduction", self.reduction, self.reduction in REDUCTIONS, f"one of {sorted(REDUCTIONS)}"),
             ("autocast_dtype", self.autocast_dtype, self.autocast_dtype is None or self.autocast_dtype in _AUTOCAST_DTYPES, f"None or one of {sorted(_AUTOCAST_DTYPES)}"),
             ("suppress_token_ids", self.suppress_token_ids, all(i >= 0 for i in self.suppress_token_ids), "non-negative token ids"),
+            ("disable_dropout", self.disable_dropout, isinstance(self.disable_dropout, bool), "True or False"),
         ]  # fmt: skip
         for field, value, ok, allowed in checks:
             if not ok:
@@ -172,11 +190,25 @@ class MaskedFillPolicy:
         attention = torch.arange(T)[None, :] < lengths[:, None]  # (N, T) True = real token
         return ids.to(self.device), attention.to(self.device)
 
-    def _logits(self, ids: Tensor, attention: Tensor) -> Tensor:
-        """Model forward: ids (N, T) -> logits (N, T, V), under autocast on a GPU if asked."""
+    @contextmanager
+    def _eval_mode(self, always: bool) -> Iterator[None]:
+        """The model in eval mode inside (when `always` or `disable_dropout`), its mode restored after."""
+        was_training = self.model.training
+        if was_training and (always or self.config.disable_dropout):
+            self.model.eval()  # dropout off: the fill scored is one of the policy sampled
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    def _logits(self, ids: Tensor, attention: Tensor, *, sampling: bool = False) -> Tensor:
+        """Model forward: ids (N, T) -> logits (N, T, V), under autocast on a GPU if asked.
+
+        Eval mode when sampling, and in every pass with `disable_dropout`."""
         dtype = _AUTOCAST_DTYPES.get(self.config.autocast_dtype or "")
         use_autocast = dtype is not None and ids.device.type == "cuda"
-        with torch.autocast(ids.device.type, dtype=dtype, enabled=use_autocast):
+        autocast = torch.autocast(ids.device.type, dtype=dtype, enabled=use_autocast)
+        with self._eval_mode(always=sampling), autocast:
             if hasattr(self.model, "config") and hasattr(self.model, "get_input_embeddings"):
                 out = self.model(input_ids=ids, attention_mask=attention.long())
             else:  # a user's module: padded positions are never masked, so never scored
@@ -209,12 +241,8 @@ class MaskedFillPolicy:
         """One sampled fill per state: (N,) states -> actions (N, T) on the CPU (padded)."""
         ids, attention = self._collate(states, "states")
         completion_mask = ids == self.config.mask_token_id  # (N, T)
-        was_training = self.model.training
-        self.model.eval()  # dropout off: the sample comes from the policy that is scored
-        try:
-            masked = self._masked_logits(self._logits(ids, attention), completion_mask)  # (M, V)
-        finally:
-            self.model.train(was_training)
+        logits = self._logits(ids, attention, sampling=True)  # (N, T, V)
+        masked = self._masked_logits(logits, completion_mask)  # (M, V)
         # nucleus truncation as every engine applies it (Holtzman et al. 2020)
         probs = filter_logits(masked / self.config.temperature, top_p=self.config.top_p).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (M,)

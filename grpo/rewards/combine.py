@@ -8,7 +8,8 @@ over N aligned samples: `prompts[n]` is the prompt (a str or a list of chat
 messages), `completions[n]` the completion text, and every other column of the
 prompt records (e.g. "answer") arrives as a keyword argument holding a list of
 N values. A function that does not take `**kwargs` gets only the columns it
-names as parameters.
+names as parameters; a parameter without a default is a column every record
+must have (`check_rows` checks a dataset before training; `score` each sample).
 
 Combination: reward_n = Σ_f w_f · r_f(n). `None` means "does not apply":
 it is left out of that function's mean and std, and adds 0 to the weighted
@@ -16,9 +17,11 @@ sum. A sample for which *every* function returns None has no reward at all;
 by default that is an error (`all_none="error"`), or it gets reward 0
 (`all_none="zero"`).
 
-Checks at this boundary (each message names the function and the sample):
-a function that raises is re-run one sample at a time to find the sample it
-fails on; a wrong number of values, a non-number, or NaN/inf is an error.
+Checks at this boundary (each message names the function and the sample, and
+the row a `grpo.run.data.PromptRecord` was read from): a function that raises
+is re-run one sample at a time to find the sample it fails on, and the line of
+its file it raised at is named; a wrong number of values, a non-number, NaN/inf
+or a missing required column is an error. All of these are `RewardError`s.
 
 Metrics of the last call (`last_metrics`): "rewards/<name>/mean" and
 "rewards/<name>/std" over the samples where <name> applies,
@@ -30,13 +33,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import traceback
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["RewardFunction", "TextReward", "split_states"]
+from grpo.rewards.errors import RewardError
+
+__all__ = ["RewardError", "RewardFunction", "TextReward", "split_states"]
 
 RewardFunction = Callable[..., Sequence[Any]]
 RESERVED = ("prompts", "completions")
@@ -106,6 +113,8 @@ class TextReward:
         if all_none not in ("error", "zero"):
             raise ValueError(f"all_none: got {all_none!r}; allowed: 'error', 'zero'")
         self.functions = dict(named)
+        self.required = {name: _required_columns(name, fn) for name, fn in named}
+        """The columns each function requires: its parameters without a default."""
         self.weights = dict(zip(names, (float(w) for w in weights), strict=True))
         self.all_none = all_none
         self.last_metrics: dict[str, float] = {}
@@ -120,6 +129,39 @@ class TextReward:
     def train(self) -> TextReward:
         return self
 
+    def check_rows(self, rows: Sequence[Any]) -> None:
+        """Raise a ValueError naming the first row that lacks a column some function requires
+        (or has one named like a reward argument), before any completion exists."""
+        found = self._column_problem(rows)
+        if found is not None:
+            i, problem = found
+            raise ValueError(f"{getattr(rows[i], 'source', '') or f'row {i}'}: {problem}")
+
+    def _column_problem(self, rows: Sequence[Any]) -> tuple[int, str] | None:
+        """(index, what is wrong) of the first row whose columns do not suit the functions."""
+        seen: set[frozenset] = set()
+        for i, row in enumerate(rows):
+            keys = frozenset(row) if isinstance(row, Mapping) else frozenset(["prompt"])
+            if keys not in seen:  # rows with the same columns pass or fail alike
+                seen.add(keys)
+                problem = self._keys_problem(keys)
+                if problem is not None:
+                    return i, problem
+        return None
+
+    def _keys_problem(self, keys: frozenset) -> str | None:
+        for key in RESERVED:
+            if key in keys:
+                return f"column {key!r} clashes with a reward argument; rename it"
+        for name, required in self.required.items():
+            missing = [c for c in required if c not in keys]
+            if missing:
+                return (
+                    f"no column {missing[0]!r}, which reward function {name!r} requires (the "
+                    f"row has {sorted(keys)}); add it to every row, or give the parameter a default"
+                )
+        return None
+
     def compute_rewards(self, states: Sequence[Any], actions: Sequence[Any]) -> Tensor:
         """Combined rewards of N state-action pairs -> (N,) float32."""
         rewards, _ = self.score(states, actions)
@@ -132,33 +174,37 @@ class TextReward:
         if len(states) != len(actions):
             raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
         prompts, columns = split_states(states)
+        describe = partial(_describe, prompts, states)
+        found = self._column_problem(states)
+        if found is not None:  # a function would get None (or nothing) for a column it needs
+            raise RewardError(f"{describe(found[0])}: {found[1]}")
         texts = [getattr(a, "text", a) for a in actions]  # Completion records or plain strings
         per_function = {
-            name: self._call(name, fn, prompts, texts, columns)
+            name: self._call(name, fn, prompts, texts, columns, describe)
             for name, fn in self.functions.items()
         }
-        rewards = self._combine(per_function, prompts)
+        rewards = self._combine(per_function, describe, len(prompts))
         self.last_metrics = _metrics(per_function, rewards)
         return rewards, per_function
 
     def _call(
-        self, name: str, fn: RewardFunction, prompts: list, texts: list, columns: dict
-    ) -> list:
+        self, name: str, fn: RewardFunction, prompts: list, texts: list, columns: dict,
+        describe: Callable[[int], str],
+    ) -> list:  # fmt: skip
         kwargs = _accepted(fn, columns)
         try:
             values = fn(prompts, texts, **kwargs)
         except Exception as err:
             n = _failing_sample(fn, prompts, texts, kwargs)
-            where = (
-                f"sample {n} (prompt {_preview(prompts[n])})"
-                if n is not None
-                else f"a batch of {len(texts)}"
-            )
-            raise RuntimeError(f"reward function {name!r} raised on {where}: {err!r}") from err
-        return _check_values(name, values, prompts)
+            where = describe(n) if n is not None else f"a batch of {len(texts)}"
+            raise RewardError(
+                f"reward function {name!r} raised on {where}: {_one_line(err)}{_raised_at(fn, err)}"
+            ) from err
+        return _check_values(name, values, describe, len(texts))
 
-    def _combine(self, per_function: dict[str, list], prompts: list) -> Tensor:
-        N = len(prompts)
+    def _combine(
+        self, per_function: dict[str, list], describe: Callable[[int], str], N: int
+    ) -> Tensor:
         rewards = torch.zeros(N, dtype=torch.float64)  # (N,)
         applied = torch.zeros(N, dtype=torch.bool)  # (N,) some function gave a value
         for name, values in per_function.items():
@@ -168,8 +214,8 @@ class TextReward:
                     applied[n] = True
         if self.all_none == "error" and not bool(applied.all()):
             n = int((~applied).nonzero()[0])
-            raise ValueError(
-                f"every reward function returned None for sample {n} (prompt {_preview(prompts[n])}); "
+            raise RewardError(
+                f"every reward function returned None for {describe(n)}; "
                 "return a value from at least one, or use all_none='zero'"
             )
         return rewards.float()
@@ -187,6 +233,30 @@ def _accepted(fn: Callable, columns: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in columns.items() if k in names}
 
 
+def _required_columns(name: str, fn: Callable) -> tuple[str, ...]:
+    """The parameters `fn` needs besides (prompts, completions): columns it requires."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: checked when called
+        return ()
+    try:
+        bound = signature.bind_partial([], []).arguments  # prompts, completions: positional
+        required = tuple(
+            p.name
+            for p in signature.parameters.values()
+            if p.name not in bound
+            and p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+        signature.bind([], [], **dict.fromkeys(required, []))
+    except TypeError as err:
+        raise ValueError(
+            f"reward function {name!r} cannot be called as {name}(prompts, completions, "
+            f"**columns): {err}"
+        ) from err
+    return required
+
+
 def _failing_sample(fn: Callable, prompts: list, texts: list, kwargs: dict) -> int | None:
     """Index of the first sample on which `fn`, called on that sample alone, raises."""
     for n in range(len(texts)):
@@ -197,31 +267,34 @@ def _failing_sample(fn: Callable, prompts: list, texts: list, kwargs: dict) -> i
     return None
 
 
-def _check_values(name: str, values: Any, prompts: list) -> list[float | None]:
+def _check_values(
+    name: str, values: Any, describe: Callable[[int], str], N: int
+) -> list[float | None]:
     if isinstance(values, Tensor):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(
-            f"reward function {name!r} returned {type(values).__name__}; allowed: a list"
+        raise RewardError(
+            f"reward function {name!r} returned {type(values).__name__}; allowed: a list of "
+            f"{N} numbers or None, one per sample"
         )
-    if len(values) != len(prompts):
-        raise ValueError(
-            f"reward function {name!r} returned {len(values)} values for {len(prompts)} samples"
+    if len(values) != N:
+        raise RewardError(
+            f"reward function {name!r} returned {len(values)} values for {N} samples; "
+            "allowed: one number or None per sample"
         )
     out: list[float | None] = []
     for n, v in enumerate(values):
         if v is None:
             out.append(None)
             continue
-        if not isinstance(v, (int, float)):
-            raise TypeError(
-                f"reward function {name!r} returned {type(v).__name__} for sample {n}; "
-                "allowed: a number or None"
+        if not isinstance(v, (int, float)):  # a bool counts as 0 or 1
+            raise RewardError(
+                f"reward function {name!r} returned {type(v).__name__} {v!r:.40} for "
+                f"{describe(n)}; allowed: a number or None"
             )
         if not math.isfinite(v):
-            raise ValueError(
-                f"reward function {name!r} returned {v} for sample {n} (prompt {_preview(prompts[n])}); "
-                "rewards must be finite"
+            raise RewardError(
+                f"reward function {name!r} returned {v} for {describe(n)}; rewards must be finite"
             )
         out.append(float(v))
     return out
@@ -237,6 +310,27 @@ def _metrics(per_function: dict[str, list], rewards: Tensor) -> dict[str, float]
             metrics[f"rewards/{name}/std"] = applied.std(unbiased=False).item()
     metrics["reward/positive_frac"] = (rewards > 0).double().mean().item() if len(rewards) else 0.0
     return metrics
+
+
+def _describe(prompts: list, states: Sequence[Any], n: int) -> str:
+    """ "sample n (prompt '...', train prompts line 7 of 'x.jsonl')" for messages."""
+    source = getattr(states[n], "source", "")
+    return f"sample {n} (prompt {_preview(prompts[n])}{', ' + source if source else ''})"
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _raised_at(fn: Callable, err: BaseException) -> str:
+    """ " at file.py:12": the deepest line of the function's own file in the traceback."""
+    frames = traceback.extract_tb(err.__traceback__)[1:]  # [0] is the call in `_call`
+    try:
+        own = inspect.getsourcefile(fn)
+    except TypeError:
+        own = None
+    mine = [f for f in frames if f.filename == own] or frames
+    return f" at {mine[-1].filename}:{mine[-1].lineno}" if mine else ""
 
 
 def _preview(prompt: Any, limit: int = 80) -> str:

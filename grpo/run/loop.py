@@ -24,6 +24,7 @@ Choices:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,11 +129,26 @@ class StateSampler:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "order": list(self._order)}
+        return {
+            "generator": self.generator.get_state(),
+            "order": list(self._order),
+            "num_rows": len(self.rows),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved position; with a different number of rows (data fixed since the
+        checkpoint), the rest of the saved pass is dropped and a fresh shuffle begins."""
         self.generator.set_state(state["generator"])
         self._order = list(state["order"])
+        saved = state.get("num_rows", len(self.rows))
+        if saved != len(self.rows):
+            warnings.warn(
+                f"the training set has {len(self.rows)} rows, {saved} when the checkpoint was "
+                "written: its order no longer applies, so a fresh shuffled pass begins",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._order = []
 
 
 def _as_sink(sink: Any) -> Callable[[dict[str, Any], int], None]:

@@ -18,7 +18,7 @@ import torch
 
 from grpo.run.config import RunConfig
 
-__all__ = ["TaskParts", "load_policy", "resolve_device", "text_parts"]
+__all__ = ["TaskParts", "load_policy", "load_text_data", "resolve_device", "text_parts"]
 
 Evaluator = Callable[[], tuple[dict[str, float], list[dict[str, Any]]]]
 
@@ -62,14 +62,27 @@ def load_policy(config: RunConfig) -> Any:
     )  # fmt: skip
 
 
-def text_parts(config, policy, reward, train, held_out, accuracy, headline) -> TaskParts:
-    """Parts of a single-turn text task: evaluation as in `grpo.run.evaluation.evaluate`."""
-    from grpo.run.data import check_prompt_lengths, load_prompts
-    from grpo.run.evaluation import evaluate
+def load_text_data(reward, train, held_out, accuracy) -> tuple[list, list | None]:
+    """Train and held-out prompt records, each row checked for the columns the reward
+    functions (and, held out, the accuracy function) require; no model needed."""
+    from grpo.run.data import check_reward_columns, load_prompts
 
     train = load_prompts(train, name="train prompts")
-    check_prompt_lengths(train, policy, name="train prompts")
+    check_reward_columns(train, reward)
     held_out = load_prompts(held_out, name="held-out prompts") if held_out else None
+    if held_out:
+        check_reward_columns(held_out, reward, accuracy)
+    return train, held_out
+
+
+def text_parts(config, policy, reward, train, held_out, accuracy, headline) -> TaskParts:
+    """Parts of a single-turn text task: evaluation as in `grpo.run.evaluation.evaluate`.
+    Every row is checked before training: its columns, and its length against the context."""
+    from grpo.run.data import check_prompt_lengths
+    from grpo.run.evaluation import evaluate
+
+    train, held_out = load_text_data(reward, train, held_out, accuracy)
+    check_prompt_lengths(train, policy, name="train prompts")
     if held_out:
         check_prompt_lengths(held_out, policy, name="held-out prompts")
     e = config.evaluation

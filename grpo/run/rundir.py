@@ -95,13 +95,17 @@ class RunDirectory:
         self.plot = self.path / "training.png"
         self.summary = self.path / "summary.json"
 
-    def create(self, resolved_config: str) -> None:
-        """Start a new run here; refuses a folder that holds anything already."""
+    def check_unused(self) -> None:
+        """Refuse a folder that holds anything already (a new run starts in an empty one)."""
         if self.path.exists() and any(self.path.iterdir()):
             raise FileExistsError(
                 f"run.dir: {str(self.path)!r} already holds files; continue that run with "
                 "--resume, or choose another run.dir"
             )
+
+    def create(self, resolved_config: str) -> None:
+        """Start a new run here; refuses a folder that holds anything already."""
+        self.check_unused()
         self.path.mkdir(parents=True, exist_ok=True)
         self.config.write_text(resolved_config, encoding="utf-8")
 

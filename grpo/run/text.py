@@ -28,7 +28,7 @@ from typing import Any
 from grpo.rewards.combine import TextReward
 from grpo.run.config import RunConfig
 from grpo.run.config_files import load_config
-from grpo.run.data import load_prompts
+from grpo.run.data import check_reward_columns, load_prompts
 from grpo.run.parts import TaskParts, load_policy, text_parts
 from grpo.run.structured import ConfigError
 from grpo.run.train import train
@@ -65,6 +65,9 @@ class TextTrainer:
             None if eval_dataset is None else load_prompts(eval_dataset, name="eval_dataset")
         )
         self.accuracy = accuracy
+        check_reward_columns(self.train_dataset, self.reward)
+        if self.eval_dataset is not None:
+            check_reward_columns(self.eval_dataset, self.reward, accuracy)
         self._model = None if isinstance(model, (str, os.PathLike)) else model
         self._tokenizer = tokenizer
         if self._model is not None and tokenizer is None:

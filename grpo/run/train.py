@@ -4,10 +4,15 @@ The order of a run, and why:
 1. Join torchrun's process group if there is one (only rank 0 writes files).
 2. Seed every RNG and switch on deterministic algorithms (seed 001's set-up),
    so that a CPU run with a seed is reproducible bit for bit.
-3. Build the task (policy, reward, states, evaluation) and the loop.
+3. Build the task (policy, reward, states, evaluation) and the loop; every
+   data row is checked here, so bad data stop the run before its folder is
+   created (the same command runs once the data are fixed).
 4. On `--resume`: load the newest intact checkpoint, drop log lines written
    after it, and only then open the log files for appending.
 5. Train; after every `run.checkpoint_every` steps and at the end, checkpoint.
+   A reward function that breaks its contract (`RewardError`) stops the run
+   with its checkpoints intact and a message naming the last one and how to
+   continue once the reward or the data is fixed (`grpo train --resume`).
 6. Save the final model, the plot and the summary.
 """
 
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 
 from grpo import distributed
+from grpo.rewards.errors import RewardError
 from grpo.run.config import RunConfig
 from grpo.run.config_files import resolved_yaml
 from grpo.run.loop import StateSampler, TrainingLoop, make_optimizer
@@ -118,18 +124,20 @@ def train(
     main = distributed.is_main_process()
     run_dir = RunDirectory(config.run.dir)
     if not resume and main:
-        run_dir.create(resolved_yaml(config))
-    distributed.barrier()
+        run_dir.check_unused()  # before the model loads
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_parts)
+    if not resume and main:  # only now: bad data or a bad model leave no folder behind
+        run_dir.create(resolved_yaml(config))
+    distributed.barrier()
     start_step = 0
     if resume:
         found = run_dir.latest_checkpoint()
         if found is not None:
             start_step, state = found
             loop.load_state_dict(state)
-        if main:
-            run_dir.truncate_logs(start_step)
+        if main:  # no checkpoint: the run starts over, its step-0 evaluation included
+            run_dir.truncate_logs(start_step if found is not None else -1)
     sink = _sinks(config, run_dir, start_step)  # opened after the logs were cut back
     loop.sink = sink.log
 
@@ -143,6 +151,8 @@ def train(
 
     try:
         loop.train(after_step)
+    except RewardError as err:
+        raise RewardError(_stopped(err, loop.step, run_dir)) from err
     finally:
         sink.close()
     summary: dict[str, Any] = {}
@@ -156,6 +166,21 @@ def train(
         )  # fmt: skip
     distributed.barrier()
     return summary
+
+
+def _stopped(err: RewardError, step: int, run_dir: RunDirectory) -> str:
+    """`err` and what a stopped run left behind: its last checkpoint and how to continue."""
+    steps = run_dir.complete_steps()
+    kept = (
+        f"its checkpoint of step {steps[-1]} is intact"
+        if steps
+        else "no checkpoint was written yet, so a resumed run starts over"
+    )
+    return (
+        f"{err}. The run stopped after {step} completed step{'' if step == 1 else 's'}; "
+        f"{kept}. Fix the reward function or the data, then continue with: "
+        f"grpo train --resume {run_dir.path}"
+    )
 
 
 def _plot(run_dir: RunDirectory) -> None:

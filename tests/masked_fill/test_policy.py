@@ -305,3 +305,67 @@ def tiny_bert(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_bert")
     BertForMaskedLM(config).save_pretrained(path)
     return AutoModelForMaskedLM.from_pretrained(path)
+
+
+def dropout_bert(attn_implementation: str) -> nn.Module:
+    """A 1-layer BERT masked LM, random weights, dropout 0.5 on hidden states and attention."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=16, pad_token_id=PAD,
+        hidden_dropout_prob=0.5, attention_probs_dropout_prob=0.5,
+    )  # fmt: skip
+    config._attn_implementation = attn_implementation
+    return BertForMaskedLM(config)
+
+
+class MeanId(nn.Module):
+    """A parameter-free judge: the mean token id of the filled sequence."""
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return ids.float().mean(-1)  # (N,)
+
+
+def first_step(attn_implementation: str, disable_dropout: bool) -> tuple[MaskedFillPolicy, dict]:
+    """A dropout-0.5 BERT policy after one GRPO step of one mini-batch (N = 16): its metrics."""
+    from grpo.config import GRPOConfig
+    from grpo.step.trainer import GRPOTrainer
+
+    policy = MaskedFillPolicy(
+        dropout_bert(attn_implementation),
+        MaskedFillConfig(
+            mask_token_id=MASK, suppress_token_ids=(PAD, MASK), disable_dropout=disable_dropout
+        ),
+    )
+    gen = torch.Generator().manual_seed(5)
+    states = [torch.randint(2, 12, (8,), generator=gen) for _ in range(4)]
+    for state in states:
+        state[torch.randperm(8, generator=gen)[:3]] = MASK
+    config = GRPOConfig(
+        group_size=4, batch_size=16, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0,
+        ref_update_frequency=0, learning_rate=1e-3, skip_zero_advantage=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(policy, TokenJudgeReward(MeanId(), pad_token_id=PAD), config=config)
+    return policy, trainer.train_step(states)  # its only pass is at π = π_old
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_ratio_is_exactly_one_before_any_update_despite_dropout(attn_implementation):
+    """With dropout 0.5, the gradient pass scores exactly what the rollout scored: ratio 1, no clip."""
+    policy, metrics = first_step(attn_implementation, disable_dropout=True)
+    assert metrics["ratio/mean"] == 1.0
+    assert metrics["clip/low_frac"] == 0.0 and metrics["clip/high_frac"] == 0.0
+    # directly: a training-mode pass with gradient equals an eval-mode no-grad pass
+    states = [torch.tensor([2, MASK, 5, MASK, 7, 3])] * 8
+    actions = [a for group in policy.generate_actions(states, 1) for a in group]
+    policy.train()
+    with_grad = policy.get_token_log_probabilities(states, actions).logprobs
+    assert policy.model.training  # the mode the trainer set is restored after the pass
+    policy.eval()
+    with torch.no_grad():
+        old = policy.get_token_log_probabilities(states, actions).logprobs
+    assert torch.equal(with_grad.detach(), old)
+    # the same step with dropout left on in the gradient pass: the ratio is noise
+    assert first_step(attn_implementation, disable_dropout=False)[1]["ratio/mean"] != 1.0

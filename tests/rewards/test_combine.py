@@ -9,7 +9,7 @@ import torch
 
 from grpo.lm.completion import Completion
 from grpo.protocols import validate_reward_model
-from grpo.rewards.combine import TextReward, split_states
+from grpo.rewards.combine import RewardError, TextReward, split_states
 
 STATES = [
     {"prompt": "2+2", "answer": "4"},
@@ -80,28 +80,30 @@ def test_a_raising_function_is_named_with_its_sample():
         return [1.0 / (c != "7") for c in completions]  # ZeroDivisionError on "7"
 
     with pytest.raises(
-        RuntimeError, match="'picky' raised on sample 1 \\(prompt '3\\+3'\\)"
+        RewardError, match="'picky' raised on sample 1 \\(prompt '3\\+3'\\): ZeroDivisionError"
     ) as info:
         TextReward(picky).compute_rewards(STATES, TEXTS)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+    line = picky.__code__.co_firstlineno + 1
+    assert str(info.value).endswith(f" at {__file__}:{line}")  # where it raised
 
 
 @pytest.mark.parametrize(
-    ("values", "error", "message"),
+    ("values", "message"),
     [
-        ([1.0, float("nan"), 0.0], ValueError, "'bad' returned nan for sample 1"),
-        ([1.0, 2.0], ValueError, "'bad' returned 2 values for 3 samples"),
-        ([1.0, "x", 0.0], TypeError, "'bad' returned str for sample 1"),
-        (0.5, TypeError, "'bad' returned float"),
+        ([1.0, float("nan"), 0.0], "'bad' returned nan for sample 1"),
+        ([1.0, 2.0], "'bad' returned 2 values for 3 samples"),
+        ([1.0, "x", 0.0], "'bad' returned str 'x' for sample 1 \\(prompt '3\\+3'\\)"),
+        (0.5, "'bad' returned float"),
     ],
 )
-def test_bad_reward_values_are_errors(values, error, message):
-    """NaN/inf, a wrong length, or a non-number is an error naming function and sample."""
+def test_bad_reward_values_are_errors(values, message):
+    """NaN/inf, a wrong length, or a non-number is a RewardError naming function and sample."""
 
     def bad(prompts, completions, **_):
         return values
 
-    with pytest.raises(error, match=message):
+    with pytest.raises(RewardError, match=message):
         TextReward(bad).compute_rewards(STATES, TEXTS)
 
 
@@ -115,6 +117,35 @@ def test_bad_configuration_is_rejected():
         TextReward(length, weights=[float("inf")])
     with pytest.raises(ValueError, match="column 'completions' clashes"):
         split_states([{"prompt": "a", "completions": 1}])
+
+
+def needs_answer(prompts, completions, answer, *, unit="", **columns):
+    return [float(c == f"{a}{unit}") for c, a in zip(completions, answer, strict=True)]
+
+
+def test_required_columns_are_checked_on_rows_and_on_samples():
+    """A row or sample lacking a column a function requires is named before the function runs."""
+    reward = TextReward([needs_answer, length])
+    assert reward.required == {"needs_answer": ("answer",), "length": ()}
+    reward.check_rows(STATES)  # "answer": None is present, so it passes
+    rows = [{"prompt": "a", "answer": 1}, {"prompt": "b"}]
+    with pytest.raises(ValueError, match="^row 1: no column 'answer', which reward function "
+                       "'needs_answer' requires \\(the row has \\['prompt'\\]\\)"):  # fmt: skip
+        reward.check_rows(rows)
+    with pytest.raises(ValueError, match="^row 0: column 'prompts' clashes"):
+        reward.check_rows([{"prompt": "a", "prompts": 1}])
+    with pytest.raises(RewardError, match="^sample 1 \\(prompt 'b'\\): no column 'answer'"):
+        reward.compute_rewards(rows, ["1", "x"])
+
+
+def test_a_function_that_cannot_take_the_contract_is_refused_at_once():
+    """A reward function that cannot be called as f(prompts, completions, **columns) is refused."""
+
+    def one_argument(completions):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="'one_argument' cannot be called as one_argument"):
+        TextReward(one_argument)
 
 
 def test_bare_prompts_are_states_too():

@@ -69,13 +69,42 @@ def test_bad_files_are_named(tmp_path):
         load_prompts(3)
 
 
+def test_records_remember_the_file_line_they_were_read_from(tmp_path):
+    """A record's source names its real file line (blank lines counted); a bad row its line too."""
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n', encoding="utf-8")
+    rows = load_prompts(path, name="train")
+    assert [r.source for r in rows] == [f"train line {n} of {str(path)!r}" for n in (1, 3)]
+    assert load_prompts(rows, name="again")[1].source == rows[1].source  # kept on reloading
+    assert load_prompts(["x", "y"], name="list")[1].source == "list row 1"
+    path.write_text('{"prompt": "a"}\n\n"bare prompt"\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="train line 4 of .*: got list \\[1, 2\\]; allowed: a JSON"):
+        load_prompts(path, name="train")
+
+
+def test_reward_columns_are_checked_for_rewards_and_accuracy():
+    """check_reward_columns names the first row lacking a column a reward or accuracy requires."""
+    from grpo.rewards.combine import TextReward
+    from grpo.run.data import check_reward_columns
+
+    def exact(prompts, completions, answer):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    rows = load_prompts([{"prompt": "a", "answer": "a"}, {"prompt": "b"}], name="held-out")
+    check_reward_columns(rows[:1], TextReward(exact), accuracy=exact)
+    with pytest.raises(ValueError, match="^held-out row 1: no column 'answer', which reward"):
+        check_reward_columns(rows, TextReward(exact))
+    with pytest.raises(ValueError, match="^held-out row 1: no column 'answer'.* 'exact'"):
+        check_reward_columns(rows, object(), accuracy=exact)  # another reward model: not read
+
+
 def test_prompt_longer_than_context_names_the_row(tiny_lm_dir):
     """check_prompt_lengths reports the first row whose prompt + max_new_tokens exceeds the context."""
     model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
     policy = CausalLMPolicy(
         model, tokenizer, CausalLMSettings(GenerationSettings(max_new_tokens=8))
     )
-    rows = load_prompts(["say a", "say b", " ".join(["a"] * 60)])
-    with pytest.raises(ValueError, match="train row 2: state 0: prompt of 60 tokens"):
+    rows = load_prompts(["say a", "say b", " ".join(["a"] * 60)], name="train")
+    with pytest.raises(ValueError, match="^train row 2: prompt of 60 tokens"):
         check_prompt_lengths(rows, policy, name="train")
     check_prompt_lengths(rows[:2], policy)

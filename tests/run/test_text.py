@@ -166,9 +166,9 @@ def test_an_over_long_prompt_names_its_row(tiny_lm_dir, tmp_path):
     long_rows = [{"prompt": "say a"}, {"prompt": " ".join(["a"] * 70)}]
     trainer = TextTrainer(tiny_lm_dir("qwen2"), yes_fraction, long_rows,
                           config=small_config(tmp_path / "run"))  # fmt: skip
-    with pytest.raises(ValueError, match="train prompts row 1: state 0: prompt of 70 tokens"):
+    with pytest.raises(ValueError, match="^train_dataset row 1: prompt of 70 tokens"):
         trainer.train()
-    assert not list((tmp_path / "run").glob("checkpoints/*"))
+    assert not (tmp_path / "run").exists()  # no folder: the same call runs once it is fixed
 
 
 def test_the_demo_through_python_equals_grpo_train_bit_for_bit(tmp_path, monkeypatch):

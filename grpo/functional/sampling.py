@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["choose_tokens", "filter_logits"]
+__all__ = ["choose_tokens", "filter_logits", "sampled_logprobs"]
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -44,3 +44,16 @@ def choose_tokens(
         return logits.argmax(-1)  # (n,)
     probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)  # (n, V)
     return torch.multinomial(probs, 1).squeeze(-1)  # (n,)
+
+
+def sampled_logprobs(
+    logits: Tensor, tokens: Tensor, temperature: float, top_k: int, top_p: float
+) -> Tensor:
+    """log q(token) under the distribution `choose_tokens` samples from: the tempered softmax
+    renormalised over the top-k / top-p set. logits (n, V), tokens (n,) -> (n,).
+
+    With truncation q = p / Z on the kept set (Z its mass under the tempered p), so the
+    trainer's untruncated log p minus this is log Z <= 0 (`grpo.functional.importance`).
+    """
+    kept = filter_logits(logits.float() / temperature, top_k, top_p)  # (n, V)
+    return kept.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)  # (n,)

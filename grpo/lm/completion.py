@@ -29,8 +29,8 @@ class Completion:
     finished_by_eos: bool
     """True when the completion ends with the tokenizer's EOS token."""
     engine_logprobs: tuple[float, ...] | None = None
-    """Log-prob of each completion token under the engine that sampled it, when that engine
-    is not the trainer's model (vLLM); None for the transformers engine."""
+    """Log-prob of each completion token under the distribution it was sampled from, when that
+    is not the one the trainer scores (vLLM, or top-k / top-p truncation); else None."""
 
     def __post_init__(self) -> None:
         # tuples make the record hashable and immutable; accept any int sequence

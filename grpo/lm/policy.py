@@ -19,6 +19,11 @@ Choices:
   engine. With vLLM, the gap between its log-probs and the trainer's is a
   rollout metric, and `rollout_importance_weights` gives the loss truncated
   importance weights when `vllm.tis_cap` is set.
+- Sampling with top-k or top-p draws from a truncated distribution q that the
+  loss (the full tempered softmax p) does not score. The engines then report
+  log q of each sampled token, the rollout's log π_old is recorded, and the
+  loss weighs each token by p / q (= the kept mass Z <= 1): the update is the
+  one for samples of p, as for another engine's samples.
 """
 
 from __future__ import annotations
@@ -271,9 +276,8 @@ class CausalLMPolicy:
         if not torch.is_grad_enabled():  # the rollout's pass: its statistics are rollout metrics
             if "entropy/mean" in metrics:
                 self.rollout_metrics["entropy/rollout_mean"] = metrics["entropy/mean"]
-            tis_cap = self.rollout_engine.tis_cap
             self.rollout_metrics.update(
-                gap_metrics(actions, out.logprobs, out.completion_mask, tis_cap)
+                gap_metrics(actions, out.logprobs, out.completion_mask, self._weight_cap())
             )
         return out
 
@@ -309,13 +313,28 @@ class CausalLMPolicy:
         """True when sampling and scoring are the same distribution: the trainer's own model
         samples, and no dropout makes a training-mode pass differ from the eval-mode rollout."""
         same_model = self.rollout_engine.samples_with_scorer
-        return same_model and self.settings.disable_dropout
+        truncated = self.settings.generation.truncates  # samples from q, scored as p
+        return same_model and self.settings.disable_dropout and not truncated
 
     def rollout_importance_weights(
         self, actions: Sequence[Completion], old_logprobs: Tensor
     ) -> Tensor | None:
-        """Truncated importance weights (N, T) for the loss, or None (no cap, or no engine log-probs)."""
-        return importance_weights(actions, old_logprobs, self.rollout_engine.tis_cap)
+        """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1).
+
+        Two samplers differ from the scoring distribution: another engine (vLLM: weights
+        capped at `vllm.tis_cap`, truncated importance sampling) and top-k / top-p
+        truncation, which draws from q = p / Z on the kept set while the loss scores the
+        full tempered p: the weight p / q = Z <= 1 makes the update the one for samples
+        of p (capped at 1, which only clips rounding).
+        """
+        return importance_weights(actions, old_logprobs, self._weight_cap())
+
+    def _weight_cap(self) -> float | None:
+        """Cap of the importance weights: the engine's TIS cap, else 1 for truncated sampling
+        with the trainer's own model, else None (no weights)."""
+        if self.rollout_engine.tis_cap is not None:
+            return self.rollout_engine.tis_cap
+        return 1.0 if self.settings.generation.truncates else None
 
     # ---------------------------------------------------------- reference
     def make_reference(self) -> Any:

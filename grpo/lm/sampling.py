@@ -59,9 +59,12 @@ class GenerationSettings:
     temperature: float = 1.0
     """Logits are divided by this before sampling, and before scoring log-probs. > 0."""
     top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens with this much probability; (0, 1]."""
+    """Nucleus sampling: keep the smallest set of tokens with this much probability; (0, 1].
+    Below 1 the samples come from a truncated distribution the loss does not score: each token
+    is then weighted by p / q (see docs/algorithms.md), which cannot restore the never-sampled
+    tail; top_p 1 and top_k 0 keep the update exactly on-policy."""
     top_k: int = 0
-    """Keep only the k most likely tokens; 0 = no limit."""
+    """Keep only the k most likely tokens; 0 = no limit (truncation: as for top_p)."""
     stop_strings: tuple[str, ...] = ()
     """A completion also ends after the first occurrence of any of these strings."""
     do_sample: bool = True
@@ -87,6 +90,13 @@ class GenerationSettings:
             raise ValueError(f"top_p: got {p!r}; allowed: a number in (0, 1]")
         if not isinstance(self.do_sample, bool):
             raise ValueError(f"do_sample: got {self.do_sample!r}; allowed: True or False")
+
+    @property
+    def truncates(self) -> bool:
+        """True when sampling draws from a truncated distribution (top-k or top-p), which the
+        trainer's log-probs (the full tempered softmax) do not score: the loss then weighs
+        each token by p/q, the importance weight of the truncated sampler (`CausalLMPolicy`)."""
+        return self.do_sample and (self.top_p < 1.0 or self.top_k > 0)
 
     def replace(self, **changes: Any) -> GenerationSettings:
         """A copy with some fields changed (validated again)."""

@@ -24,7 +24,9 @@ class Samples(NamedTuple):
     """New tokens of n prompt rows."""
 
     token_ids: list[list[int]]  # (n, <= max_new_tokens) sampled ids, before any EOS/stop cut
-    logprobs: list[list[float]] | None  # (n, same lengths) the engine's log-probs; None = trainer's
+    # (n, same lengths) log-probs of the distribution each token was drawn from, when that is
+    # not the trainer's (another engine, or a top-k/top-p truncation); None = the trainer's
+    logprobs: list[list[float]] | None
 
 
 class RolloutEngine(Protocol):
@@ -54,17 +56,20 @@ def sample_in_chunks(
     seed: int | None,
     pad_id: int,
     device: torch.device,
-    decode: Callable[[Tensor, Tensor], list[list[int]]],
-) -> list[list[int]]:
-    """Run `decode(ids (n, L), attention_mask (n, L))` on left-padded chunks of at most
-    `generation_batch_size` rows, under a forked RNG seeded with `seed` -> new ids per row."""
+    decode: Callable[[Tensor, Tensor], Samples],
+) -> Samples:
+    """Run `decode(ids (n, L), attention_mask (n, L)) -> Samples` on left-padded chunks of at
+    most `generation_batch_size` rows, under a forked RNG seeded with `seed`."""
     step = settings.generation_batch_size or len(prompt_rows)
     devices = [device] if device.type == "cuda" else []
-    out: list[list[int]] = []
+    parts: list[Samples] = []
     with torch.random.fork_rng(devices=devices, enabled=seed is not None):
         if seed is not None:
             torch.manual_seed(seed)
         for start in range(0, len(prompt_rows), step):
             ids, mask = left_pad(prompt_rows[start : start + step], pad_id)
-            out.extend(decode(ids.to(device), mask.to(device)))
-    return out
+            parts.append(decode(ids.to(device), mask.to(device)))
+    token_ids = [row for part in parts for row in part.token_ids]
+    if any(part.logprobs is None for part in parts):
+        return Samples(token_ids, None)
+    return Samples(token_ids, [row for part in parts for row in part.logprobs])

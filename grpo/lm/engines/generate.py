@@ -25,7 +25,7 @@ __all__ = ["TransformersEngine", "sample_token_ids"]
 class TransformersEngine:
     """Samples with the trainer's model itself (`transformers` `generate`).
 
-    Subclasses that also sample with the trainer's model change `_token_ids` only.
+    Subclasses that also sample with the trainer's model change `_samples` only.
     """
 
     tis_cap = None  # the sampler is the scorer: nothing to correct
@@ -47,19 +47,19 @@ class TransformersEngine:
         self.model.eval()  # seed 001: no dropout noise in the behaviour policy
         try:
             with torch.no_grad():
-                ids = self._token_ids(prompt_rows, settings, eos_ids, seed)
+                return self._samples(prompt_rows, settings, eos_ids, seed)
         finally:
             self.model.train(was_training)
-        return Samples(ids, None)
 
-    def _token_ids(
+    def _samples(
         self,
         prompt_rows: Sequence[Sequence[int]],
         settings: GenerationSettings,
         eos_ids: list[int],
         seed: int | None,
-    ) -> list[list[int]]:
-        """New ids per row (eval mode, no_grad) -> (n, <= max_new_tokens)."""
+    ) -> Samples:
+        """New ids per row (eval mode, no_grad), with their sampler log-probs when the
+        sampling distribution is truncated (`GenerationSettings.truncates`)."""
         return sample_token_ids(self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed)
 
 
@@ -70,8 +70,10 @@ def sample_token_ids(
     settings: GenerationSettings,
     eos_ids: list[int],
     seed: int | None,
-) -> list[list[int]]:
-    """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T)."""
+) -> Samples:
+    """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T);
+    with top-k/top-p also log q of each token under the truncated distribution it came from
+    (`generate`'s processed scores: temperature, top-k, top-p applied)."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     config = GenerationConfig(
@@ -80,14 +82,22 @@ def sample_token_ids(
         **settings.generation_config_kwargs(),
     )
 
-    def decode(ids: Tensor, mask: Tensor) -> list[list[int]]:
+    truncated = settings.truncates
+
+    def decode(ids: Tensor, mask: Tensor) -> Samples:
         stop = StoppingCriteriaList()
         if settings.stop_strings:
             stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
-        sequences = model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop
-        )
-        return sequences[:, ids.shape[1] :].tolist()  # (n, <= max_new_tokens)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop,
+            output_scores=truncated, return_dict_in_generate=True,
+        )  # fmt: skip
+        new = out.sequences[:, ids.shape[1] :]  # (n, <= max_new_tokens)
+        if not truncated:
+            return Samples(new.tolist(), None)
+        scores = torch.stack(out.scores, 1).float()  # (n, t, V) processed: -inf outside the set
+        logq = scores.log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)  # (n, t)
+        return Samples(new.tolist(), logq.tolist())
 
     device = next(model.parameters()).device
     return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grpo.functional.sampling import choose_tokens
-from grpo.lm.engines.base import sample_in_chunks
+from grpo.functional.sampling import choose_tokens, sampled_logprobs
+from grpo.lm.engines.base import Samples, sample_in_chunks
 from grpo.lm.engines.generate import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
@@ -144,11 +144,13 @@ class LeanDecoder:
         eos_ids: Sequence[int],
         stopped: Any = None,
         logits_out: list[Tensor] | None = None,
+        logprobs_out: list[list[float]] | None = None,
     ) -> list[list[int]]:
         """New tokens of left-padded rows ids (n, P), mask (n, P) -> n rows of <= T ids.
 
         A row ends after an EOS id, or when `stopped(row_index, new_ids)` says so.
-        `logits_out`, if given, receives each step's logits (rows still decoding, V).
+        `logits_out`, if given, receives each step's logits (rows still decoding, V);
+        `logprobs_out` (n empty lists), each token's log-prob under the sampled distribution.
         """
         P, T = ids.shape[1], settings.max_new_tokens
         self.check_length(P + T)
@@ -158,7 +160,9 @@ class LeanDecoder:
         positions = torch.cat([positions, positions[:, -1:] + steps], 1)  # (n, P + T)
         cos, sin = self.rotary(positions, dtype)  # (n, P + T, D)
         with torch.inference_mode():  # nothing made from here on is ever used with autograd
-            return self._run(ids, mask, cos, sin, settings, eos_ids, stopped, logits_out)
+            return self._run(
+                ids, mask, cos, sin, settings, eos_ids, stopped, logits_out, logprobs_out
+            )
 
     def _run(
         self,
@@ -170,6 +174,7 @@ class LeanDecoder:
         eos_ids: Sequence[int],
         stopped: Any,
         logits_out: list[Tensor] | None,
+        logprobs_out: list[list[float]] | None = None,
     ) -> list[list[int]]:
         """`decode` once the rotary angles cos, sin (n, P + T, D) are known."""
         (n, P), T = ids.shape, settings.max_new_tokens
@@ -186,6 +191,12 @@ class LeanDecoder:
             token = choose_tokens(
                 logits, settings.do_sample, settings.temperature, settings.top_k, settings.top_p
             )  # (r,)
+            if logprobs_out is not None:
+                logq = sampled_logprobs(
+                    logits, token, settings.temperature, settings.top_k, settings.top_p
+                ).tolist()  # (r,)
+                for row, value in zip(rows, logq, strict=True):
+                    logprobs_out[row].append(value)
             ended = torch.isin(token, eos).tolist()
             for j, (row, tok) in enumerate(zip(rows, token.tolist(), strict=True)):
                 new[row].append(tok)
@@ -271,13 +282,13 @@ class LeanEngine(TransformersEngine):
         self.check_gap: float | None = None
         """The self-check's relative logit gap, once the first rollout has run it."""
 
-    def _token_ids(
+    def _samples(
         self,
         prompt_rows: Sequence[Sequence[int]],
         settings: GenerationSettings,
         eos_ids: list[int],
         seed: int | None,
-    ) -> list[list[int]]:
+    ) -> Samples:
         if self.check_gap is None:
             self.check_gap = self.decoder.check(self.model, prompt_rows[0])
         return sample_in_chunks(
@@ -291,7 +302,7 @@ class LeanEngine(TransformersEngine):
 
     def _decode(
         self, ids: Tensor, mask: Tensor, settings: GenerationSettings, eos_ids: list[int]
-    ) -> list[list[int]]:
+    ) -> Samples:
         stopped = None
         if settings.stop_strings:
             decode = self.tokenizer.decode
@@ -300,4 +311,6 @@ class LeanEngine(TransformersEngine):
                 text = decode(new)
                 return any(s in text for s in settings.stop_strings)
 
-        return self.decoder.decode(ids, mask, settings, eos_ids, stopped)
+        logq: list[list[float]] | None = [[] for _ in range(ids.shape[0])] if settings.truncates else None
+        new = self.decoder.decode(ids, mask, settings, eos_ids, stopped, logprobs_out=logq)
+        return Samples(new, logq)

@@ -71,7 +71,7 @@ def test_transformers_engine_samples_what_generate_samples(tiny_lm_dir):
     with torch.no_grad():
         raw = sample_token_ids(
             policy.model, policy.tokenizer, rows, settings, policy.eos_token_ids, 3
-        )
+        ).token_ids
     eos = set(policy.eos_token_ids)
     expected = [split_completion(r, eos, (), policy.tokenizer)[0] for r in raw]
     assert [list(c.completion_ids) for g in groups for c in g] == expected

@@ -91,7 +91,7 @@ def greedy_pair(model, tokenizer, rows, settings, eos_ids):
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         lean = LeanDecoder(model).decode(ids, mask, settings, eos_ids)
-        ref = sample_token_ids(model, tokenizer, rows, settings, eos_ids, 0)
+        ref = sample_token_ids(model, tokenizer, rows, settings, eos_ids, 0).token_ids
     cut = [split_completion(r, set(eos_ids), (), tokenizer)[0] for r in ref]
     return lean, cut
 

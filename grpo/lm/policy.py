@@ -50,6 +50,7 @@ from grpo.lm.loading import (
 from grpo.lm.reference import AdapterDisabledReference
 from grpo.lm.sampling import (
     GenerationSettings,
+    call_seed,
     encode_prompt,
     get_prompt,
     split_completion,
@@ -224,7 +225,7 @@ class CausalLMPolicy:
         )
         prompt_rows = self.encode_states(states)
         rows = [ids for ids in prompt_rows for _ in range(G)]  # (N,) groups contiguous
-        seed = None if settings.seed is None else settings.seed + self._sampling_calls
+        seed = None if settings.seed is None else call_seed(settings.seed, self._sampling_calls)
         self._sampling_calls += 1
         samples = self.rollout_engine.sample(rows, settings, self.eos_token_ids, seed)
         engine_logprobs = samples.logprobs or [None] * len(rows)

@@ -31,6 +31,7 @@ from torch import Tensor
 
 __all__ = [
     "GenerationSettings",
+    "call_seed",
     "encode_prompt",
     "get_prompt",
     "left_pad",
@@ -72,7 +73,8 @@ class GenerationSettings:
     generation_batch_size: int | None = None
     """Rows (prompt copies) decoded together; None = all N rows at once."""
     seed: int | None = 0
-    """Seed of the first sampling call (each call after it uses the next seed); None = global RNG."""
+    """Seeds every sampling call (call k uses a seed mixed from this and k); None = the global
+    RNG."""
 
     def __post_init__(self) -> None:
         self.stop_strings = _as_tuple(self.stop_strings)
@@ -128,6 +130,14 @@ def _check_int(settings: GenerationSettings, name: str, minimum: int) -> None:
     value = getattr(settings, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}: got {value!r}; allowed: an integer >= {minimum}")
+
+
+def call_seed(seed: int, call: int) -> int:
+    """The seed of sampling call `call` of a run seeded `seed`: mixed, not `seed + call`, so
+    that runs with neighbouring seeds do not share their sampling seeds one call apart."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, call]).generate_state(1)[0])
 
 
 def get_prompt(state: Any, index: int) -> str | list[dict[str, str]]:

@@ -17,7 +17,7 @@ from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, Samples, TransformersEngine
 from grpo.lm.engines.generate import sample_token_ids
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
-from grpo.lm.sampling import GenerationSettings, split_completion
+from grpo.lm.sampling import GenerationSettings, call_seed, split_completion
 from grpo.rewards.combine import TextReward
 from grpo.step.collect import ExperienceCollector
 from grpo.step.objective import GRPOObjective
@@ -70,7 +70,7 @@ def test_transformers_engine_samples_what_generate_samples(tiny_lm_dir):
     settings = policy.settings.generation
     with torch.no_grad():
         raw = sample_token_ids(
-            policy.model, policy.tokenizer, rows, settings, policy.eos_token_ids, 3
+            policy.model, policy.tokenizer, rows, settings, policy.eos_token_ids, call_seed(3, 0)
         ).token_ids
     eos = set(policy.eos_token_ids)
     expected = [split_completion(r, eos, (), policy.tokenizer)[0] for r in raw]

@@ -87,14 +87,12 @@ def test_solutions_are_the_library_objects():
 
 
 def test_train_with_solutions_improves_and_stubs_name_part_1():
-    """30 GRPO steps with the solutions raise the share of correct answers; stubs stop at part 1."""
+    """The default 120 GRPO steps with the solutions raise the share correct; stubs stop at part 1."""
     train = importlib.import_module("workshop.train")
     messages = []
     assert train.train(train.parse_args(["--use", "stubs"]), log=messages.append) is None
     assert messages[0].startswith("part 1 (log-probs with the causal shift) is not written yet")
-    history = train.train(
-        train.parse_args(["--use", "solutions", "--steps", "30"]), log=lambda line: None
-    )
+    history = train.train(train.parse_args(["--use", "solutions"]), log=lambda line: None)
     first = sum(m["correct"] for m in history[:8]) / 8
     last = sum(m["correct"] for m in history[-8:]) / 8
     assert last > first + 0.15, (first, last)

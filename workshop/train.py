@@ -215,7 +215,7 @@ def grpo_step(parts, args, model, tokenizer, agent, optimizer, step: int) -> dic
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--use", default="stubs", help="stubs, solutions, or a package path")
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--prompts", type=int, default=8, help="B prompts per step")
     parser.add_argument("--group-size", type=int, default=8, help="G episodes per prompt")
     parser.add_argument("--lr", type=float, default=1e-2)

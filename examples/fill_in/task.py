@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fill_data import MASK, PAD, CharVocab, load_text, mask_windows, sample_windows, split_ids  # noqa: E402
 from fill_models import CharFillTransformer, CharJudge, Precision, fit, judge_loss, masked_lm_loss  # noqa: E402
 
-from grpo.run.parts import TaskParts, resolve_device  # noqa: E402
 from grpo.functional import kl_estimate  # noqa: E402
 from grpo.masked_fill.judge import TokenJudgeReward  # noqa: E402
 from grpo.masked_fill.policy import MaskedFillConfig, MaskedFillPolicy  # noqa: E402
 from grpo.run.config import RunConfig  # noqa: E402
+from grpo.run.parts import TaskParts, resolve_device  # noqa: E402
 from grpo.run.structured import from_dict  # noqa: E402
 
 

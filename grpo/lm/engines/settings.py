@@ -44,7 +44,9 @@ class VLLMSettings:
 
     gpu_memory_utilization: float = 0.3
     """Fraction of the GPU's memory vLLM may use for its buffers and KV cache, in (0, 1).
-    The trainer's model, gradients and optimizer state must fit in the rest."""
+    The trainer's model, gradients and optimizer state must fit in the rest. Not used on
+    vLLM's CPU build, whose KV cache is `engine_kwargs["kv_cache_memory_bytes"]` (1 GiB
+    by default)."""
     max_model_len: int | None = None
     """Longest prompt + completion vLLM plans its KV cache for; None = the model's context."""
     dtype: str = "auto"
@@ -52,14 +54,21 @@ class VLLMSettings:
     weight_sync: str = "auto"
     """How vLLM gets the trainer's weights: "shared" (vLLM's parameters are the trainer's
     tensors, no copy), "load_weights" (copied before every rollout), or "auto" (shared when
-    possible, else copied)."""
+    possible, else copied). On vLLM's CPU build every value reloads the weights through
+    vLLM's `reload_weights` (its packed CPU weights cannot be shared)."""
     sleep_between_rollouts: bool = True
     """Free vLLM's KV cache after each rollout (sleep level 1), so training can use the
-    memory; it is allocated again (wake up) before the next rollout."""
+    memory; it is allocated again (wake up) before the next rollout. CUDA only: off (with
+    a log line) on vLLM's CPU build."""
     check_weights: bool = True
     """After every sync, check that vLLM holds the trainer's weights: the same storage when
-    shared, equal fingerprints when copied. A failed check raises. Checks match vLLM's
+    shared, equal fingerprints when copied, probe log-probs within `probe_tolerance` on
+    vLLM's CPU build. A failed check raises. Checks match vLLM's
     parameter names with the trainer's; only unchecked copies (load_weights) skip that."""
+    probe_tolerance: float | None = None
+    """vLLM's CPU build only (no weights to read there): the largest |trainer - vLLM|
+    log-prob on a fixed probe sequence that the check accepts; None = by dtype (float32
+    1e-3, bfloat16 0.1, float16 0.05). Must be > 0."""
     tis_cap: float | None = None
     """Cap C of truncated importance sampling, w = min(π_trainer / π_vllm, C) per token on
     the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""
@@ -81,6 +90,13 @@ class VLLMSettings:
                 raise ValueError(
                     f"vllm.{name}: got {getattr(self, name)!r}; allowed: true or false"
                 )
+        tol = self.probe_tolerance
+        if tol is not None and (
+            isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < math.inf
+        ):
+            raise ValueError(
+                f"vllm.probe_tolerance: got {tol!r}; allowed: None or a finite number > 0"
+            )
         cap = self.tis_cap
         if cap is not None and (
             isinstance(cap, bool)
@@ -110,7 +126,8 @@ class RolloutSettings:
     """"transformers" (the trainer's model samples with `generate`), "lean" (the trainer's
     model samples through a lean decoding loop over its own layers: Llama, Mistral, Qwen2 and
     Qwen3 models, faster than `generate` on a CPU), or "vllm" (an in-process vLLM engine
-    sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU)."""
+    sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU, or vLLM's CPU
+    build: docs/vllm.md)."""
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
     """Settings of the vLLM engine (used when engine is "vllm")."""
 

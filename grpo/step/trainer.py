@@ -16,8 +16,7 @@ Departures from seed 004:
 - The reference policy comes from the policy's own `make_reference()` when it
   has one (e.g. a LoRA base with adapters off), else `copy.deepcopy`; it is
   frozen, and not built at all when `kl_coeff == 0`.
-- Mini-batch shuffling uses the trainer's own generator, seeded from
-  `config.seed` and saved in checkpoints, so resumed runs are bitwise equal.
+- Mini-batches are shuffled by the trainer's own generator (seeded, checkpointed).
 - Under torchrun (a process group of W > 1 ranks) the step is data-parallel:
   `grpo.distributed.DataParallel` shards the states, gathers rewards and wraps
   the policy in DDP or FSDP2, so that W processes compute what one process
@@ -25,9 +24,8 @@ Departures from seed 004:
 - The no-grad pass that records log π_old is skipped when it cannot differ
   from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
   the loss then uses the detached current log-probs, ratio 1, same gradient.
-- Mixed precision (seed 002): with a `grad_scaler` (fp16 on a GPU) losses are
-  scaled before backward and gradients unscaled before clipping; an overflow
-  skips the step quietly while the scaler lowers its scale.
+- Mixed precision (seed 002): a `grad_scaler` (fp16) scales losses, unscales
+  gradients before clipping; an overflow skips the step while the scale drops.
 """
 
 from __future__ import annotations
@@ -55,6 +53,7 @@ from grpo.step.collect import (
     sample_rollout,
     score_old_logprobs,
 )
+from grpo.step.metrics import rollout_metrics, step_summary
 from grpo.step.minibatch import MiniBatch, optimizer_windows
 from grpo.step.objective import GRPOObjective
 
@@ -161,7 +160,7 @@ class GRPOTrainer:
             local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
             counts = loss_token_counts(self.policy, local) if counts is None else counts
         tokens = self.parallel.gather(counts)  # (N,)
-        metrics.update(self._rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
+        metrics.update(rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
         metrics["collection_time"] = time.perf_counter() - start - advantage_time
         metrics["advantage_time"] = advantage_time
 
@@ -171,7 +170,7 @@ class GRPOTrainer:
             epoch_means = self._run_epoch(local, advantages, tokens, totals, skip_zero)
             metrics.update({f"epoch_{epoch}_{k}": epoch_means.get(k, 0.0) for k in EPOCH_KEYS})
             self.epoch_count += 1
-        metrics.update(self._step_summary(totals))
+        metrics.update(step_summary(totals))
 
         self.step_count += 1
         self._maybe_refresh_reference()
@@ -321,38 +320,6 @@ class GRPOTrainer:
         if scaler is not None:
             scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-
-    # -------------------------------------------------------------- metrics
-    def _rollout_metrics(self, rewards: Tensor, advantages: Tensor) -> dict[str, float]:
-        """Statistics of the global rewards (B, G) and advantages (N,)."""
-        rewards = rewards.double()  # (B, G)
-        all_equal = (rewards == rewards[:, :1]).all(dim=1)  # (B,)
-        return {
-            "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "reward/zero_std_frac": all_equal.double().mean().item(),
-            "advantage_mean": advantages.mean().item(),
-            "advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-            "total_samples": float(len(advantages)),
-        }
-
-    def _step_summary(self, totals: dict[str, float]) -> dict[str, float]:
-        """Means over every mini-batch of the step (sample-weighted) and step counters."""
-        samples, scored = totals.pop("samples"), totals.pop("scored")
-        steps = totals.pop("optimizer_steps", 0.0)
-        grad_norm_sum = totals.pop("grad_norm_sum", 0.0)
-        summary = {
-            "step_loss": totals.pop("total_loss", 0.0) / samples,
-            "grad_norm": grad_norm_sum / steps if steps else math.nan,
-            "optimizer_steps": steps,
-            "skipped_steps": totals.pop("skipped_steps", 0.0),
-        }
-        for key in ("policy_loss", "kl_penalty", "entropy_bonus"):
-            totals.pop(key, None)
-        shares = {k: v / samples for k, v in totals.items() if k in distributed.SHARE_KEYS}
-        means = {k: v / max(scored, 1) for k, v in totals.items() if k not in shares}
-        # the share of samples never scored (zero advantage), over the step's epochs
-        return {**summary, **shares, **means, "skip/zero_advantage_frac": 1 - scored / samples}
 
     # ----------------------------------------------------------- reference
     def _make_reference(self) -> Any:

@@ -1,0 +1,62 @@
+"""bench/time_to_accuracy.py: its summary on hand-made records, and a tiny real run of both
+libraries (no timing asserts)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import time_to_accuracy as tta  # noqa: E402
+
+
+def _record(library: str, points: list[tuple[int, float, float]]) -> dict:
+    return {
+        "library": library,
+        "seed": 0,
+        "points": [{"step": s, "seconds": t, "accuracy": a} for s, t, a in points],
+    }
+
+
+def test_summary_hand_values():
+    """TRL's median final is the target; each library's median time to reach it and its accuracy
+    at 1/4, 1/2 and all of TRL's median training time are read off the evaluations."""
+    records = [
+        _record("grpo", [(0, 0.0, 0.3), (10, 10.0, 0.6), (20, 20.0, 0.8)]),
+        _record("trl", [(0, 0.0, 0.3), (10, 40.0, 0.5), (20, 80.0, 0.7)]),
+        _record("grpo", [(0, 0.0, 0.3), (10, 12.0, 0.7), (20, 24.0, 0.9)]),
+        _record("trl", [(0, 0.0, 0.3), (10, 40.0, 0.6), (20, 80.0, 0.8)]),
+    ]
+    s = tta.summarise(records)
+    assert s["trl"]["final_accuracy"] == pytest.approx(0.75)  # median of 0.7 and 0.8
+    assert s["trl"]["seconds"] == 80.0 and s["grpo"]["seconds"] == 22.0
+    assert s["grpo"]["seconds_per_step"] == pytest.approx(1.1)
+    # first evaluation at or above 0.75: grpo at 20 s and 24 s; TRL never / at 80 s
+    assert s["grpo"]["time_to_trl_final"] == 22.0
+    assert s["trl"]["time_to_trl_final"] == float("inf")  # median of (inf, 80)
+    # at 20 s (a quarter of 80 s): grpo 0.8 and 0.7 (its last evaluation before 20 s is at 12 s)
+    assert s["grpo"]["accuracy_at"] == pytest.approx({"0.25": 0.75, "0.5": 0.85, "1": 0.85})
+    assert s["trl"]["accuracy_at"] == pytest.approx({"0.25": 0.3, "0.5": 0.55, "1": 0.75})
+    assert s["grpo"]["final_sd"] == pytest.approx(0.1 / 2**0.5)
+    assert "| grpo | 20 | 85.0 %" in tta.table(s)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (.[bench])")
+def test_both_libraries_run_with_their_own_schedules(tmp_path):
+    """One seed each, grpo 4 steps and TRL 2: records at every evaluation, the JSON and the PNG."""
+    out = tmp_path / "tta.json"
+    summary = tta.main(
+        ["--seeds", "1", "--grpo-steps", "4", "--trl-steps", "2", "--eval-every", "2",
+         "--set", "task.eval_size=20", "--json", str(out), "--png", str(tmp_path / "tta.png")]
+    )  # fmt: skip
+    assert summary["grpo"]["steps"] == 4 and summary["trl"]["steps"] == 2
+    written = json.loads(out.read_text())
+    steps = {r["library"]: [p["step"] for p in r["points"]] for r in written["records"]}
+    assert steps == {"grpo": [0, 2, 4], "trl": [0, 2]}
+    assert all(0 <= p["accuracy"] <= 1 for r in written["records"] for p in r["points"])
+    assert (tmp_path / "tta.png").stat().st_size > 10_000

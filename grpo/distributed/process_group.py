@@ -27,6 +27,9 @@ __all__ = [
 ]
 
 
+_JOINED = {"group": False}  # whether init_from_env created the default group (so shutdown may end it)
+
+
 def init_from_env(backend: str | None = None) -> bool:
     """Join the process group torchrun describes; False when not launched by torchrun.
 
@@ -46,6 +49,7 @@ def init_from_env(backend: str | None = None) -> bool:
     if backend == "nccl":
         torch.cuda.set_device(env["LOCAL_RANK"])
     dist.init_process_group(backend, rank=env["RANK"], world_size=env["WORLD_SIZE"])
+    _JOINED["group"] = True
     return True
 
 
@@ -70,10 +74,15 @@ def barrier() -> None:
 def shutdown() -> None:
     """Leave the process group at the end of a run (a no-op without one): a barrier first, so
     no rank tears its group down while a peer's last collective is still in flight, then
-    `destroy_process_group`, so no communication thread is left for interpreter exit."""
-    if dist.is_initialized():
+    `destroy_process_group`, so no communication thread is left for interpreter exit.
+
+    Only a group `init_from_env` created is ended: one made by someone else (an in-process
+    vLLM engine makes a world of one) is theirs to end, and ending it under them makes
+    their own clean-up fail at exit."""
+    if _JOINED["group"] and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _JOINED["group"] = False
 
 
 def collective_device() -> torch.device:

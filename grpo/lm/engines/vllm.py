@@ -197,13 +197,13 @@ class VLLMEngine:
         with self._woken():  # a copy must not land in memory vLLM has released
             start = time.perf_counter()
             weights = self.weights
-            if self.on_cpu:
+            if not self.shared:  # never shared on the CPU build
                 weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
-                reload_weights(self.llm, weights)  # copies, then repacks for the CPU kernels
-            elif not self.shared:
-                weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
-                items = list(weights.items())
-                self._call(lambda m: m.load_weights(items))
+                if self.on_cpu:
+                    reload_weights(self.llm, weights)  # copies, then repacks for the CPU kernels
+                else:
+                    items = list(weights.items())
+                    self._call(lambda m: m.load_weights(items))
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
             if self.settings.check_weights:
                 self.check(weights)

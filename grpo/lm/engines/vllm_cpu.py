@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from grpo.functional.logprobs import completion_logprobs
+
 __all__ = [
     "CPU_KV_CACHE_BYTES",
     "PROBE_TOKENS",
@@ -113,12 +115,12 @@ def trainer_probe_logprobs(model: nn.Module, ids: list[int]) -> Tensor:
     was_training = model.training
     model.eval()  # dropout off, as for a rollout
     try:
-        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, :-1]  # (n-1, V)
+        row = torch.tensor([ids], device=device)  # (1, n)
+        logits = model(input_ids=row).logits  # (1, n, V)
     finally:
         model.train(was_training)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # (n-1, V)
-    target = torch.tensor(ids[1:], device=device)
-    return logprobs.gather(-1, target[:, None])[:, 0].cpu()  # causal shift: t scores t + 1
+    # the first token is the "prompt": positions 0..n-2 score tokens 1..n-1 (causal shift)
+    return completion_logprobs(logits, row[:, 1:])[0].cpu()  # (n-1,)
 
 
 def engine_probe_logprobs(llm: Any, ids: list[int]) -> Tensor:

@@ -110,7 +110,7 @@ def _make_error_reporter(errors):
         except BaseException:  # noqa: BLE001 - a description is best effort
             text = "an exception that could not be described"
         errors.put((unraisable.exc_type is MemoryError, text))
-        gc.collect(0)  # as at the end of a step that did not raise (see _make_server)
+        gc.collect(0)  # as at the end of a step that did not raise (see _make_stepper)
 
     return report
 
@@ -127,24 +127,52 @@ def _hand_over_sentinel(set_sentinel=_SET_SENTINEL):
     return lock
 
 
-def _make_server(
-    key,
-    report_fd,
-    namespace,
-    errors,
-    *,
-    # Bound now: the solution may rebind builtins and module attributes later.
-    type=type, len=len, exec=exec, eval=eval, deque=deque, map=map, zip=zip, chain=chain,
-    starmap=starmap, partial=partial, collect=gc.collect, start=_thread.start_new_thread,
-    hand_over_sentinel=_hand_over_sentinel, start_joinable=_START_JOINABLE,
-    Empty=_queue.Empty, blake2b=blake2b, pwrite=os.pwrite, exit=os._exit,
-    quote=_json.encode_basestring_ascii,
-):  # fmt: skip
-    """The main thread's part, as closures over primitives bound before any submitted code runs."""
+def _make_server(key, report_fd, namespace, errors, *, exec=exec, eval=eval):
+    """The main thread's part, as closures over primitives bound before any submitted code runs:
+    `serve(solution, compile_error, tests)` runs each step, reads its value, reports, exits."""
     encode = _make_encoder()
     queue = _queue.SimpleQueue()  # values from the workers; referenced only from C and from here
     missing = object()
     kept = []  # every value stays alive, so no finaliser of the solution's runs on this thread
+    step = _make_stepper(queue, namespace, missing, kept)
+    failure = _make_failure(errors, kept)
+    finish = _make_finish(key, report_fd)
+
+    def serve(solution, compile_error, tests):
+        if solution is None:
+            finish(compile_error, None)
+        if step(0, exec, solution) is missing:
+            finish(failure() or "exited before finishing (SystemExit)", None)
+        failure()
+        index, reported = 0, []
+        for steps in tests:
+            values = []
+            for mode, code in steps:
+                index += 1
+                run = exec if mode == "exec" else eval
+                value = missing if code is None else step(index, run, code)
+                failure()  # a MemoryError anywhere ends the run
+                if value is missing:
+                    break  # the test fails
+                values.append(value)
+            reported.append("[" + ",".join([encode(value) for value in values]) + "]")
+        finish(None, reported)
+
+    return serve
+
+
+def _make_stepper(
+    queue,
+    namespace,
+    missing,
+    kept,
+    *,
+    # Bound now: the solution may rebind builtins and module attributes later.
+    deque=deque, map=map, zip=zip, chain=chain, starmap=starmap, partial=partial,
+    collect=gc.collect, start=_thread.start_new_thread, hand_over_sentinel=_hand_over_sentinel,
+    start_joinable=_START_JOINABLE, Empty=_queue.Empty, exit=os._exit,
+):  # fmt: skip
+    """`step(index, run, code)`: run(code, namespace) on a fresh worker; its value, or `missing`."""
 
     def start_worker(index, values):
         """Start a worker that queues (index, value) for each of `values`; returns its `ended`."""
@@ -169,9 +197,9 @@ def _make_server(
 
         return ended
 
-    def step(index, mode, code):
+    def step(index, run, code):
         """Run one step on a fresh worker: its value, or `missing` when the worker died."""
-        ended = start_worker(index, map(exec if mode == "exec" else eval, [code], [namespace]))
+        ended = start_worker(index, map(run, [code], [namespace]))
         got, value = index, missing
         while True:
             try:
@@ -189,8 +217,13 @@ def _make_server(
         kept.append(value)
         return value
 
+    return step
+
+
+def _make_failure(errors, kept, *, type=type, len=len, str=str, exit=os._exit):
+    """`failure()`: the last description the workers reported; ends the run on a MemoryError."""
+
     def failure():
-        """The last description the workers reported; ends the run on a MemoryError."""
         text = None
         while not errors.empty():
             item = errors.get_nowait()
@@ -200,6 +233,15 @@ def _make_server(
                     exit(MEMORY_EXIT)
                 text = item[1]
         return text
+
+    return failure
+
+
+def _make_finish(
+    key, report_fd, *, len=len, blake2b=blake2b, pwrite=os.pwrite, exit=os._exit,
+    quote=_json.encode_basestring_ascii,
+):  # fmt: skip
+    """`finish(error, tests)`: write the report signed with the run's key, then exit 0."""
 
     def finish(error, tests):
         if error is not None:
@@ -213,26 +255,7 @@ def _make_server(
             written += pwrite(report_fd, data[written:], written)
         exit(0)
 
-    def serve(solution, compile_error, tests):
-        if solution is None:
-            finish(compile_error, None)
-        if step(0, "exec", solution) is missing:
-            finish(failure() or "exited before finishing (SystemExit)", None)
-        failure()
-        index, reported = 0, []
-        for steps in tests:
-            values = []
-            for mode, code in steps:
-                index += 1
-                value = missing if code is None else step(index, mode, code)
-                failure()  # a MemoryError anywhere ends the run
-                if value is missing:
-                    break  # the test fails
-                values.append(value)
-            reported.append("[" + ",".join([encode(value) for value in values]) + "]")
-        finish(None, reported)
-
-    return serve
+    return finish
 
 
 def _make_encoder(

@@ -80,14 +80,12 @@ def _make_hook(
     trusted_thread,
     *,
     # Bound now: submitted code may rebind the module attributes and builtins later.
-    type=type, issubclass=issubclass, len=len, str=str, bytes=bytes, int=int,
-    OSError=OSError, ValueError=ValueError, get_ident=_thread.get_ident, getcwd=os.getcwd,
-    lstat=os.lstat, readlink=os.readlink, is_link=stat.S_ISLNK, pwrite=os.pwrite, exit=os._exit,
+    len=len, get_ident=_thread.get_ident, pwrite=os.pwrite, exit=os._exit,
     quote=_json.encode_basestring_ascii, always_refused=_ALWAYS_REFUSED,
     blocked_imports=_BLOCKED_IMPORTS, trusted_events=_TRUSTED_EVENTS, path_events=_PATH_EVENTS,
-    memory_devices=_MEMORY_DEVICES, write_flags=_WRITE_FLAGS,
 ):  # fmt: skip
-    refused_path = object()  # a path we cannot check without calling submitted code
+    """The audit hook: refuses (report, then exit) what the sandbox forbids."""
+    text, check_open, check_paths = _make_path_checks(root)
 
     def refuse(name):
         note = '{"refused": ' + quote(name) + "}\n"
@@ -95,6 +93,37 @@ def _make_hook(
             pwrite(report_fd, note.encode(), 0)
         finally:
             exit(REFUSED_EXIT)
+
+    def hook(event, args):
+        if trusted_thread is not None and get_ident() == trusted_thread:
+            if event not in trusted_events:
+                refuse(event)
+            return
+        if event in always_refused:
+            refuse(event)
+        if event == "_thread.start_new_thread" and trusted_thread is not None:
+            refuse(event)
+        if event == "import" and len(args) > 0 and text(args[0]) in blocked_imports:
+            refuse("import " + text(args[0]))
+        if event == "open" and len(args) == 3 and not check_open(args):
+            refuse(event)
+        if event in path_events and not check_paths(event, args):
+            refuse(event)
+
+    return hook
+
+
+def _make_path_checks(
+    root,
+    *,
+    type=type, issubclass=issubclass, len=len, str=str, bytes=bytes, int=int, OSError=OSError,
+    getcwd=os.getcwd, readlink=os.readlink, path_events=_PATH_EVENTS,
+    memory_devices=_MEMORY_DEVICES, write_flags=_WRITE_FLAGS,
+):  # fmt: skip
+    """(text, check_open, check_paths): a path argument read exactly, and whether an `open`
+    or a path event stays allowed (writes only below `root`, no process memory)."""
+    refused_path = object()  # a path we cannot check without calling submitted code
+    resolve, inside = _make_resolver(root)
 
     def text(value):
         """An exact str for a path argument, None for None or a descriptor, else `refused_path`."""
@@ -108,40 +137,6 @@ def _make_hook(
         if issubclass(kind, bytes):
             return bytes.decode(value, "utf-8", "surrogateescape")
         return refused_path
-
-    def resolve(path, base):
-        """Absolute `path` with every symbolic link followed, like os.path.realpath; None on a loop."""
-        if path[:1] != "/":
-            path = base + "/" + path
-        pending = path.split("/")[::-1]
-        resolved, hops = "", 0
-        while pending:
-            name = pending.pop()
-            if name == "" or name == ".":
-                continue
-            if name == "..":
-                resolved = resolved[: resolved.rfind("/")] if resolved else ""
-                continue
-            candidate = resolved + "/" + name
-            try:
-                link = is_link(lstat(candidate).st_mode)
-            except (OSError, ValueError):
-                link = False  # missing (about to be created) or not a directory: taken as written
-            if not link:
-                resolved = candidate
-                continue
-            hops += 1
-            if hops > 40:
-                return None
-            target = readlink(candidate)
-            if target[:1] == "/":
-                resolved = ""
-            pending.extend(target.split("/")[::-1])
-        return resolved or "/"
-
-    def inside(path, base):
-        real = resolve(path, base)
-        return real is not None and (real == root or real[: len(root) + 1] == root + "/")
 
     def dir_base(dir_fd):
         """The directory a dir_fd argument points at, or the working directory for none."""
@@ -190,20 +185,47 @@ def _make_hook(
                 return False
         return True
 
-    def hook(event, args):
-        if trusted_thread is not None and get_ident() == trusted_thread:
-            if event not in trusted_events:
-                refuse(event)
-            return
-        if event in always_refused:
-            refuse(event)
-        if event == "_thread.start_new_thread" and trusted_thread is not None:
-            refuse(event)
-        if event == "import" and len(args) > 0 and text(args[0]) in blocked_imports:
-            refuse("import " + text(args[0]))
-        if event == "open" and len(args) == 3 and not check_open(args):
-            refuse(event)
-        if event in path_events and not check_paths(event, args):
-            refuse(event)
+    return text, check_open, check_paths
 
-    return hook
+
+def _make_resolver(
+    root, *, len=len, OSError=OSError, ValueError=ValueError, lstat=os.lstat,
+    readlink=os.readlink, is_link=stat.S_ISLNK,
+):  # fmt: skip
+    """(resolve, inside): symbolic links followed by hand, and containment in `root`."""
+
+    def resolve(path, base):
+        """Absolute `path` with every symbolic link followed, like os.path.realpath; None on a loop."""
+        if path[:1] != "/":
+            path = base + "/" + path
+        pending = path.split("/")[::-1]
+        resolved, hops = "", 0
+        while pending:
+            name = pending.pop()
+            if name == "" or name == ".":
+                continue
+            if name == "..":
+                resolved = resolved[: resolved.rfind("/")] if resolved else ""
+                continue
+            candidate = resolved + "/" + name
+            try:
+                link = is_link(lstat(candidate).st_mode)
+            except (OSError, ValueError):
+                link = False  # missing (about to be created) or not a directory: taken as written
+            if not link:
+                resolved = candidate
+                continue
+            hops += 1
+            if hops > 40:
+                return None
+            target = readlink(candidate)
+            if target[:1] == "/":
+                resolved = ""
+            pending.extend(target.split("/")[::-1])
+        return resolved or "/"
+
+    def inside(path, base):
+        real = resolve(path, base)
+        return real is not None and (real == root or real[: len(root) + 1] == root + "/")
+
+    return resolve, inside

@@ -2,7 +2,7 @@
 
     policy = CausalLMPolicy.from_pretrained(path, rollout=RolloutSettings(engine="lean"))
 
-- "transformers" (`generate.py`, the default): the trainer's model samples with
+- "transformers" (`transformers.py`, the default): the trainer's model samples with
   `generate` (seed 001: eval mode, no_grad, the previous mode restored).
 - "lean" (`lean.py`): the trainer's model samples through a decoding loop over
   its own layers (Llama-family models), with nothing else per token.
@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from grpo.lm.engines.base import RolloutEngine, Samples
-from grpo.lm.engines.generate import TransformersEngine
+from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.engines.lean import LeanEngine
 from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
 from grpo.lm.engines.vllm import VLLMEngine

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from grpo.functional.sampling import choose_tokens, sampled_logprobs
 from grpo.lm.engines.base import Samples, sample_in_chunks
-from grpo.lm.engines.generate import TransformersEngine
+from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
 

@@ -15,7 +15,7 @@ from tiny_models import load_tiny_causal_lm
 
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, Samples, TransformersEngine
-from grpo.lm.engines.generate import sample_token_ids
+from grpo.lm.engines.transformers import sample_token_ids
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings, call_seed, split_completion
 from grpo.rewards.combine import TextReward

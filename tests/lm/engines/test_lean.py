@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, MistralConfig
 from grpo.config import GRPOConfig
 from grpo.functional.sampling import choose_tokens
 from grpo.lm.engines import RolloutSettings
-from grpo.lm.engines.generate import sample_token_ids
+from grpo.lm.engines.transformers import sample_token_ids
 from grpo.lm.engines.lean import LeanDecoder, LeanEngine
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings

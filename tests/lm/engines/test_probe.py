@@ -37,7 +37,6 @@ def test_out_of_tolerance_is_named_with_the_setting():
     assert "0.5" in problem and "vllm.probe_tolerance" in problem
 
 
-
 def small_step(model, probe, low=2e-3):
     """One SGD step on -log p(probe) at the smallest learning rate (doubling from 1e-9) that
     moves the probe's log-probs by more than `low` somewhere; returns that move (< 2.5 low or

@@ -170,7 +170,6 @@ def test_a_grpo_step_syncs_checks_and_weighs_tokens(policy):
     assert policy.rollout_metrics["rollout/weight_checks"] == checks + 2
 
 
-
 def test_a_reload_skipped_at_a_small_learning_rate_is_caught(policy, monkeypatch):
     """An SGD step just large enough to move the probe 2e-3 nats (within the tolerance): a sync
     whose reload is skipped fails the direction check, and the next real sync passes."""

@@ -11,7 +11,11 @@ gradient clip, no KL, a token-mean loss, fp32 on the CPU, the same thread count.
 Evaluation is identical too: grpo's own evaluator (greedy, the 500 held-out
 problems) on a grpo policy holding a copy of the trained weights. Its time is
 not counted: the clock runs only while a library trains (sampling, rewards,
-loss, backward, optimizer), so "seconds" is training wall time.
+loss, backward, optimizer), so "seconds" is training wall time, and
+"cpu_seconds" the process's CPU time over the same spans (all threads).
+
+TRL 1.16 turns gradient checkpointing on by default; it is set as grpo's
+(`policy.gradient_checkpointing`, off), so both store activations alike.
 """
 
 from __future__ import annotations
@@ -43,14 +47,18 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     config = run_config(overrides, seed, str(out / "grpo"))
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_task)
-    points, seconds = [], 0.0
+    points, seconds, cpu = [], 0.0, 0.0
     for step in range(config.schedule.num_steps + 1):
         if step % eval_every == 0 or step == config.schedule.num_steps:
-            points.append({"step": step, "seconds": seconds, "accuracy": parts.evaluate()[0][ACCURACY]})
+            accuracy = parts.evaluate()[0][ACCURACY]
+            points.append(
+                {"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": accuracy}
+            )
         if step < config.schedule.num_steps:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             loop.train_step()
             seconds += time.perf_counter() - start
+            cpu += time.process_time() - start_cpu
     return points
 
 
@@ -70,6 +78,7 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
         report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",
         scale_rewards="group", mask_truncated_completions=False, log_completions=False,
+        gradient_checkpointing=config.policy.gradient_checkpointing,  # TRL's default is True
     )  # fmt: skip
 
 
@@ -88,18 +97,22 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     parts = build_task(config)  # the data and the evaluator; its policy only evaluates
     steps = config.schedule.num_steps
     points: list[dict] = []
-    clock = {"started": 0.0, "off": 0.0}  # training starts when TRL's first step is about to
+    # training starts when TRL's first step is about to; evaluations are off both clocks
+    clock = {"started": 0.0, "off": 0.0, "cpu_started": 0.0, "cpu_off": 0.0}
 
     def evaluate(step: int, model: Any) -> None:
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         parts.policy.model.load_state_dict(model.state_dict())
         seconds = begin - clock["started"] - clock["off"]
-        points.append({"step": step, "seconds": seconds, "accuracy": parts.evaluate()[0][ACCURACY]})
+        cpu = begin_cpu - clock["cpu_started"] - clock["cpu_off"]
+        accuracy = parts.evaluate()[0][ACCURACY]
+        points.append({"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": accuracy})
         clock["off"] += time.perf_counter() - begin
+        clock["cpu_off"] += time.process_time() - begin_cpu
 
     class Evaluate(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            clock["started"] = time.perf_counter()
+            clock["started"], clock["cpu_started"] = time.perf_counter(), time.process_time()
             evaluate(0, model)
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -128,7 +141,8 @@ def main(argv: list[str]) -> None:
     """argv: LIBRARY SEED EVAL_EVERY OUT_DIR [override ...]; prints one JSON line last."""
     library, seed, eval_every, out, *overrides = argv
     points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out))
-    print(json.dumps({"library": library, "seed": int(seed), "points": points}))
+    threads = torch.get_num_threads()  # as the run set them
+    print(json.dumps({"library": library, "seed": int(seed), "threads": threads, "points": points}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ process loads the very same weights with `from_pretrained`.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import resource
 import sys
@@ -21,7 +22,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import WORDS, build_tokenizer, random_words  # noqa: E402
 
-__all__ = ["MODEL_SIZES", "Workload", "build_model", "peak_rss_mib", "prompts", "yes_reward"]
+__all__ = [
+    "MODEL_SIZES",
+    "Workload",
+    "build_model",
+    "load_average",
+    "peak_rss_mib",
+    "prompts",
+    "timing_flags",
+    "yes_reward",
+]
 
 MODEL_SIZES = {  # name -> (hidden, intermediate, layers, attention heads, key-value heads)
     "tiny": (32, 64, 2, 4, 2),
@@ -98,3 +108,23 @@ def yes_reward(prompts, completions, **kwargs) -> list[float]:
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far (Linux ru_maxrss is in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (runnable processes), read just before a run."""
+    return os.getloadavg()[0]
+
+
+def timing_flags(
+    load_before: float, cpu_s: float, wall_s: float, threads: int, cores: int | None = None
+) -> list[str]:
+    """Why a run's timing is suspect, [] when it is not: the machine was busy before it
+    (load average above half the cores), or the run got less CPU than its threads ask for
+    (CPU time under 0.8 x wall x threads: something else had the cores)."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    flags = []
+    if load_before > cores / 2:
+        flags.append(f"load {load_before:.1f} > {cores / 2:g}")
+    if wall_s > 0 and cpu_s < 0.8 * wall_s * threads:
+        flags.append(f"CPU {cpu_s / (wall_s * threads):.2f} x wall x {threads} threads")
+    return flags

@@ -15,6 +15,9 @@ Each subprocess takes one warm-up step and `--steps` timed optimizer steps
 - tokens/s: generated completion tokens over the summed step time;
 - peak RSS: median over runs of the process's peak resident memory, and the
   same minus the memory after setup (model, optimizer, imports loaded);
+- flagged runs: a run that started with the load average above half the cores, or
+  whose CPU time over its timed steps fell under 0.8 x wall x threads (each record
+  holds `load_before`, `cpu_s` per step and `threads`);
 - grpo/trl: the ratio of medians; overhead: grpo's time per decoding step
   over bare's, minus 1. "grpo" samples with the default engine (transformers'
   `generate`) and is compared with "bare" (a plain KV-cache loop over the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import MODEL_SIZES, Workload, build_model  # noqa: E402
+from common import MODEL_SIZES, Workload, build_model, load_average, timing_flags  # noqa: E402
 
 TRAINERS = ("grpo", "grpo_lean", "trl", "bare", "bare_lean")
 BARE = {"grpo": "bare", "grpo_lean": "bare_lean"}  # each rollout engine and its floor
@@ -88,11 +92,22 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_once(trainer: str, model_dir: Path, argv: list[str]) -> dict:
+    """One run in a fresh subprocess; its record with the machine's load average just before."""
+    load = load_average()
     command = [sys.executable, __file__, *argv, "--worker", trainer, "--model-dir", str(model_dir)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{trainer} run failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**record, "load_before": load, "cores": os.cpu_count()}
+
+
+def run_flags(record: dict) -> list[str]:
+    """`timing_flags` of one run over its timed steps ([] without the measurements)."""
+    if "load_before" not in record or "cpu_s" not in record:
+        return []
+    wall, cpu = sum(record["step_s"]), sum(record["cpu_s"])
+    return timing_flags(record["load_before"], cpu, wall, record["threads"], record["cores"])
 
 
 def summarise(records: list[dict]) -> dict:
@@ -107,6 +122,9 @@ def summarise(records: list[dict]) -> dict:
         "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in records),
         "step_rss_mib": statistics.median(r["peak_rss_mib"] - r["setup_rss_mib"] for r in records),
         "steps": len(times),
+        "flagged": [
+            f"run {i}: {', '.join(run_flags(r))}" for i, r in enumerate(records) if run_flags(r)
+        ],  # fmt: skip
     }
 
 
@@ -124,6 +142,10 @@ def table(summary: dict[str, dict]) -> str:
                 f"{s['peak_rss_mib']:.0f} | {s['step_rss_mib']:.0f} |"
             )
     lines = "\n".join(rows)
+    flagged = [f"{name} {f}" for name, s in summary.items() if name in TRAINERS
+               for f in s.get("flagged", [])]  # fmt: skip
+    lines += "\n\nflagged runs (load > half the cores, or CPU < 0.8 x wall x threads): "
+    lines += "; ".join(flagged) or "none"
     for name in OURS:
         for key in (f"{name}/trl", f"{name}/{BARE[name]} per decoding step - 1"):
             if key in summary:

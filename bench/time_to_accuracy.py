@@ -15,11 +15,18 @@ records held-out greedy accuracy on the 500 held-out problems every
 `--eval-every` steps, against the training wall time so far (evaluations
 excluded) and the step. The summary, medians over seeds:
 - each library's final accuracy and seconds per step;
-- how long each takes to first reach TRL's final (median) accuracy;
+- how long each takes to first reach TRL's final (median) accuracy, and grpo's
+  time to it over TRL's whole training run (the figure to quote);
 - each library's accuracy after equal training wall time (a quarter, half and
   all of TRL's training time).
 It prints the table, writes the records as JSON (`--json`) and a PNG of
 accuracy against seconds with every run and both libraries' medians (`--png`).
+
+Each record also holds the machine's 1-minute load average just before the run
+(`load_before`), the run's CPU time over its training spans (`cpu_seconds` of
+the last point) and its torch threads; the table flags a run whose load
+average exceeded half the cores or whose CPU time fell under 0.8 x wall x
+threads (`common.timing_flags`): its timing shared the machine.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_average, timing_flags  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "accuracy_workers.py"
@@ -61,12 +71,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(library: str, seed: int, args: argparse.Namespace, overrides: list[str]) -> dict:
+    load = load_average()
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, str(WORKER), library, str(seed), str(args.eval_every), out]
         done = subprocess.run(command + overrides, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{library} seed {seed} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**record, "load_before": load, "cores": os.cpu_count()}
+
+
+def run_flags(record: dict) -> list[str]:
+    """`timing_flags` of one record ([] for a record without the measurements)."""
+    last = record["points"][-1]
+    if "load_before" not in record or "cpu_seconds" not in last:
+        return []
+    return timing_flags(
+        record["load_before"], last["cpu_seconds"], last["seconds"], record["threads"],
+        record["cores"],
+    )  # fmt: skip
 
 
 def accuracy_at(points: list[dict], seconds: float) -> float:
@@ -84,6 +107,11 @@ def summarise(records: list[dict]) -> dict:
     med = statistics.median
     summary = {}
     for lib, runs in by.items():
+        flagged = [
+            f"seed {r['seed']}: {', '.join(run_flags(r))}"
+            for r in records
+            if r["library"] == lib and run_flags(r)
+        ]
         if runs:
             steps = runs[0][-1]["step"]
             finals = [p[-1]["accuracy"] for p in runs]
@@ -95,6 +123,7 @@ def summarise(records: list[dict]) -> dict:
                 "seconds": med(p[-1]["seconds"] for p in runs),
                 "seconds_per_step": med(p[-1]["seconds"] / steps for p in runs),
                 "finals": finals,
+                "flagged": flagged,
             }
     if by["grpo"] and by["trl"]:
         target, trl_time = summary["trl"]["final_accuracy"], summary["trl"]["seconds"]
@@ -107,13 +136,15 @@ def summarise(records: list[dict]) -> dict:
         summary["ratio_time_to_trl_final"] = (
             summary["grpo"]["time_to_trl_final"] / summary["trl"]["time_to_trl_final"]
         )
+        # the figure to quote: grpo's time to TRL's final accuracy over TRL's whole run
+        summary["ratio_to_trl_run"] = summary["grpo"]["time_to_trl_final"] / trl_time
     return summary
 
 
 def table(summary: dict) -> str:
     rows = ["| | steps | final accuracy, median (per seed; mean ± sd) | s/step | training s | "
-            "time to TRL's final | accuracy at 1/4, 1/2, 1 x TRL's time |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+            "time to TRL's final | accuracy at 1/4, 1/2, 1 x TRL's time | flagged runs |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for lib in ("grpo", "trl"):
         if lib not in summary:
             continue
@@ -125,10 +156,13 @@ def table(summary: dict) -> str:
         rows.append(
             f"| {lib} | {s['steps']} | {100 * s['final_accuracy']:.1f} % ({finals}; "
             f"{100 * s['final_mean']:.1f} ± {100 * s['final_sd']:.1f}) | {s['seconds_per_step']:.3f} "
-            f"| {s['seconds']:.0f} | {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} |"
+            f"| {s['seconds']:.0f} | {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} "
+            f"| {'; '.join(s.get('flagged', [])) or 'none'} |"
         )
-    if "ratio_time_to_trl_final" in summary:
-        rows.append(f"\ngrpo / TRL time to TRL's final accuracy: "
+    if "ratio_to_trl_run" in summary:
+        rows.append(f"\ngrpo's time to TRL's final accuracy / TRL's whole training run: "
+                    f"{summary['ratio_to_trl_run']:.2f}")  # fmt: skip
+        rows.append(f"grpo / TRL time to TRL's final accuracy: "
                     f"{summary['ratio_time_to_trl_final']:.2f}")  # fmt: skip
     return "\n".join(rows)
 

@@ -6,7 +6,8 @@ steps_per_generation 1, num_iterations 1 (μ = 1), max_completion_length = T,
 temperature 1 with no top-k/top-p, beta = β with the plain k3 KL
 (TRL's `use_bias_correction_kl` off: `grpo` has no such weight), Adam (torch's AdamW with weight
 decay 0) at the same learning rate, fp32 on the CPU, no vLLM, no logging,
-no evaluation, no checkpoints.
+no evaluation, no checkpoints, and gradient checkpointing as grpo's
+(`CausalLMSettings.gradient_checkpointing`, off; TRL 1.16's default is on).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def make_trl_trainer(model_dir: str | Path, work: Workload, output_dir: str | Pa
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
+
+    from grpo.lm.policy import CausalLMSettings
 
     N = work.prompts * work.group_size
     values = dict(
@@ -60,6 +63,7 @@ def make_trl_trainer(model_dir: str | Path, work: Workload, output_dir: str | Pa
         mask_truncated_completions=False,
         log_completions=False,
         use_bias_correction_kl=False,  # the plain k3 KL, as grpo computes it
+        gradient_checkpointing=CausalLMSettings().gradient_checkpointing,  # TRL's default: True
     )
     values.update(overrides)
     config = GRPOConfig(**values)

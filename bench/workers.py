@@ -65,15 +65,16 @@ def run_grpo(model_dir: Path, work: Workload, engine: str = "transformers") -> d
     trainer = GRPOTrainer(policy, TextReward(yes_reward), optimizer=optimizer, config=config)
     texts = prompts(work.prompts * (work.steps + 1))
     setup_rss = _rss_mib()
-    times, tokens, decode = [], [], []
+    times, tokens, decode, cpu = [], [], [], []
     for step in range(work.steps + 1):
         states = [{"prompt": p} for p in texts[step * work.prompts : (step + 1) * work.prompts]]
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         trainer.train_step(states)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         tokens.append(policy.rollout_metrics["completion/length_mean"] * N)
         decode.append(policy.rollout_metrics["completion/length_max"])
-    return _record(times, tokens, decode, setup_rss)
+    return _record(times, tokens, decode, setup_rss, cpu)
 
 
 def run_trl(model_dir: Path, work: Workload) -> dict:
@@ -81,6 +82,7 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
     from trl_side import make_trl_trainer
 
     ends: list[float] = []
+    cpu_ends: list[float] = []  # process CPU time at the same moments
     lengths: list[float] = []  # mean completion length of each step's generation
     longest: list[float] = []
     N = work.prompts * work.group_size
@@ -88,9 +90,11 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
     class StepClock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
 
         def on_step_end(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
             lengths.append(trainer._metrics["train"]["completions/mean_length"][-1])
             longest.append(trainer._metrics["train"]["completions/max_length"][-1])
 
@@ -100,7 +104,8 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
         setup_rss = _rss_mib()
         trainer.train()
     times = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
-    return _record(times, [length * N for length in lengths], longest, setup_rss)
+    cpu = [b - a for a, b in zip(cpu_ends[:-1], cpu_ends[1:], strict=True)]
+    return _record(times, [length * N for length in lengths], longest, setup_rss, cpu)
 
 
 def run_bare(model_dir: Path, work: Workload, lean: bool = False) -> dict:
@@ -112,14 +117,14 @@ def run_bare(model_dir: Path, work: Workload, lean: bool = False) -> dict:
     G, T = work.group_size, work.max_new_tokens
     texts = prompts(work.prompts * (work.steps + 1))
     setup_rss = _rss_mib()
-    times, tokens, decode = [], [], []
+    times, tokens, decode, cpu = [], [], [], []
     for step in range(work.steps + 1):
         batch = [
             t for t in texts[step * work.prompts : (step + 1) * work.prompts] for _ in range(G)
         ]
         tokenizer.padding_side = "left"
         enc = tokenizer(batch, return_tensors="pt", padding=True)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         model.eval()
         with torch.no_grad():
             if lean:  # sampling: the lean loop alone, exactly T tokens (no EOS)
@@ -149,9 +154,10 @@ def run_bare(model_dir: Path, work: Workload, lean: bool = False) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         tokens.append(float(completion.numel()))
         decode.append(float(T))
-    return _record(times, tokens, decode, setup_rss)
+    return _record(times, tokens, decode, setup_rss, cpu)
 
 
 def _lean_sample(model, enc, T: int) -> list[list[int]]:
@@ -162,10 +168,15 @@ def _lean_sample(model, enc, T: int) -> list[list[int]]:
     return LeanDecoder(model).decode(enc["input_ids"], enc["attention_mask"], settings, ())
 
 
-def _record(times: list[float], tokens: list[float], decode: list[float], setup_rss: float) -> dict:
-    """Drops the warm-up step (the first); the rest are the timed steps."""
+def _record(
+    times: list[float], tokens: list[float], decode: list[float], setup_rss: float, cpu: list[float]
+) -> dict:
+    """Drops the warm-up step (the first); the rest are the timed steps. `cpu`: the process's
+    CPU seconds over each step (every thread), beside its wall seconds `times`."""
     return {
         "step_s": times[1:],
+        "cpu_s": cpu[1:],
+        "threads": torch.get_num_threads(),
         "tokens": tokens[1:],
         "decode_steps": decode[1:],
         "setup_rss_mib": setup_rss,

@@ -62,7 +62,8 @@ class GRPOConfig:
     advantage_epsilon: float = 1e-4
     """Added to the standard deviation so that a group of equal rewards does not divide by 0."""
     advantage_baseline: str = "mean"
-    """What is subtracted from each reward: a key of `grpo.functional.BASELINES`."""
+    """What is subtracted from each reward: a key of `grpo.functional.BASELINES`. "none" needs
+    advantage_scale "batch" or "none" (a group scale would divide equal rewards by eps)."""
     advantage_scale: str | None = None
     """Key of `grpo.functional.SCALES`; None = "group" if normalize_advantages else "none"."""
     advantage_positive_only: bool = False
@@ -97,9 +98,11 @@ class GRPOConfig:
     and gradient are then exactly 0, and they still count in the loss's denominators, so the
     update is the same as without skipping. Metric skip/zero_advantage_frac."""
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal and
-    sample new states until the batch holds as many informative groups as states were given
-    (the run loop supplies the new states), at most dynamic_sampling_max_rounds extra rounds."""
+    """DAPO's dynamic sampling (Yu et al. 2025): drop groups none of whose advantages is
+    non-zero (with the group baselines: rewards all equal) and sample new states until the
+    batch holds as many informative groups as states were given (the run loop supplies the
+    new states), at most dynamic_sampling_max_rounds extra rounds. Under torchrun the groups
+    of every rank are decided together, so W processes keep what one process keeps."""
     dynamic_sampling_max_rounds: int = 3
     """Extra sampling rounds a step may take to fill its batch with informative groups. A step
     that hits the cap trains on what it has, filled up with uninformative groups (which
@@ -142,6 +145,13 @@ class GRPOConfig:
                 "REINFORCE has no importance ratio, so reusing a rollout would train on "
                 "off-policy samples uncorrected; allowed: num_epochs_per_update=1, or "
                 "loss_type='clipped'"
+            )
+        if self.advantage_baseline == "none" and self.advantage_scale == "group":
+            raise ValueError(
+                "advantage_baseline='none' with advantage_scale='group': a group whose rewards "
+                "are all equal has std 0, so each advantage is its reward divided by "
+                "advantage_epsilon (1e4 times the reward at the default); allowed with "
+                "advantage_baseline='none': advantage_scale='batch' or 'none'"
             )
         if self.aggregation == "constant_length" and self.max_completion_length is None:
             raise ValueError(

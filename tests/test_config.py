@@ -84,3 +84,16 @@ def test_from_dict_round_trip_and_unknown_keys():
     assert GRPOConfig.from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="unknown key.*'kl_coef'.*allowed keys: .*kl_coeff"):
         GRPOConfig.from_dict({"kl_coef": 0.1})
+
+
+def test_no_baseline_with_group_scale_is_refused_naming_both_keys():
+    """baseline 'none' + scale 'group' divides equal rewards by eps: an error naming both keys;
+    batch and no scaling stay allowed."""
+    for fields in (
+        {"advantage_baseline": "none"},
+        {"advantage_baseline": "none", "advantage_scale": "group"},
+    ):
+        with pytest.raises(ValueError, match="advantage_baseline='none' with advantage_scale"):
+            GRPOConfig(**fields)
+    assert GRPOConfig(advantage_baseline="none", advantage_scale="batch").advantage_scale
+    assert GRPOConfig(advantage_baseline="none", normalize_advantages=False).advantage_scale

@@ -38,6 +38,9 @@ SCENARIOS = {
     "sequence": ({**BASE, "aggregation": "sequence_mean", "advantage_scale": "batch"}, "ddp"),
     "token": ({**BASE, "aggregation": "token_mean", "loss_type": "gspo"}, "ddp"),
     "fsdp2": ({**BASE, "aggregation": "token_mean"}, "fsdp2"),
+    # states 4k and 4k + 1 pay nothing (uninformative), both on rank 0: only a decision
+    # over every rank's groups refills and orders them as one process does
+    "dynamic": ({**BASE, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 3}, "ddp"),
 }
 
 
@@ -96,11 +99,15 @@ def reward(state: int, action: tuple[int, ...]) -> float:
     return sum(t == 1 for t in action) - 0.25 * len(action) + 0.1 * (state % 3)
 
 
+def sparse_reward(state: int, action: tuple[int, ...]) -> float:
+    return 0.0 if state % 4 < 2 else reward(state, action)
+
+
 def make_trainer(name: str, policy_seed: int = 0) -> GRPOTrainer:
     fields, strategy = SCENARIOS[name]
     return GRPOTrainer(
         ShardablePolicy(policy_seed),
-        FunctionReward(reward),
+        FunctionReward(sparse_reward if name == "dynamic" else reward),
         config=GRPOConfig(**fields),
         distributed_config=DistributedConfig(strategy=strategy),
     )
@@ -109,7 +116,9 @@ def make_trainer(name: str, policy_seed: int = 0) -> GRPOTrainer:
 def run_steps(trainer: GRPOTrainer, start: int, stop: int, ckpt: Path | None = None) -> None:
     """Steps start..stop-1 on their states; checkpoint after step 2 when asked."""
     for step in range(start, stop):
-        trainer.train_step([step * S + i for i in range(S)])
+        refills = iter(range(1, 100))  # dynamic sampling's new states: the same on every rank
+        refill = lambda: [100 * step + S * next(refills) + i for i in range(S)]  # noqa: E731, B023
+        trainer.train_step([step * S + i for i in range(S)], refill=refill)
         if ckpt is not None and step == 1:
             trainer.save_checkpoint(str(ckpt))
 
@@ -195,6 +204,8 @@ def test_two_processes_log_the_single_process_metrics(runs, name):
     single = runs["single"][name].history
     keys = ("reward/mean", "reward/std", "advantage_std", "step_loss", "grad_norm")
     keys += ("total_samples", "epoch_1_policy_loss", "epoch_1_kl_penalty")
+    if name == "dynamic":
+        keys += ("dynamic/rounds", "dynamic/informative_frac", "dynamic/sampled_zero_std_frac")
     for two_step, one_step in zip(two, single, strict=True):
         for key in keys:
             assert two_step[key] == pytest.approx(one_step[key], rel=1e-9, abs=1e-12), key

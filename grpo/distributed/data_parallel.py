@@ -162,6 +162,12 @@ class DataParallel:
         """Every rank's (n, ...) values (rewards, token counts) -> (W·n, ...) in global order."""
         return all_gather(local)
 
+    def gather_objects(self, local: Any) -> list[Any]:
+        """Every rank's picklable `local` (a rollout of its shard) -> a list in rank order."""
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, local)
+        return gathered
+
     def own(self, idx: Tensor, num_local: int) -> tuple[Tensor, Tensor, float]:
         """Of global samples idx (n,): those this rank holds (it holds `num_local`, in order),
         their local rows, and a loss scale.

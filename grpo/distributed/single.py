@@ -30,6 +30,9 @@ class SingleProcess:
     def gather(self, local: Tensor) -> Tensor:
         return local
 
+    def gather_objects(self, local: Any) -> list[Any]:
+        return [local]
+
     def own(self, idx: Tensor, num_local: int) -> tuple[Tensor, Tensor, float]:
         return idx, idx, 1.0
 

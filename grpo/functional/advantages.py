@@ -26,7 +26,7 @@ from torch import Tensor
 
 from grpo.functional._checks import check_positive, lookup
 
-__all__ = ["BASELINES", "SCALES", "group_advantages"]
+__all__ = ["BASELINES", "SCALES", "group_advantages", "informative", "informative_groups"]
 
 
 def _mean_baseline(grouped: Tensor) -> Tensor:
@@ -136,3 +136,18 @@ def group_advantages(
     if positive_only:
         advantages = advantages.clamp(min=0)
     return advantages.reshape(-1)  # (N,)
+
+
+def informative(advantages: Tensor) -> Tensor:
+    """(N,) advantages -> (N,) bool: True where a sample's advantage is not 0.
+
+    The one test of "informative": a sample with advantage exactly 0 has policy loss
+    and gradient exactly 0 (with no KL or entropy term), whatever the baseline, scale
+    or `positive_only` made it so.
+    """
+    return advantages != 0  # (N,)
+
+
+def informative_groups(advantages: Tensor, group_size: int) -> Tensor:
+    """(N,) advantages -> (B,) bool: True where some sample of the group is `informative`."""
+    return informative(advantages).view(-1, group_size).any(dim=1)  # (B,)

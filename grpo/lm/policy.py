@@ -58,7 +58,7 @@ from grpo.lm.sampling import (
 from grpo.lm.scoring import ScoringSettings, score_completions
 from grpo.protocols import TokenLogProbs
 
-__all__ = ["CausalLMPolicy", "CausalLMSettings"]
+__all__ = ["CausalLMPolicy", "CausalLMSettings", "disable_dropout"]
 
 
 @dataclass
@@ -123,9 +123,7 @@ class CausalLMPolicy:
         """Statistics of the last `generate_actions` call and of the last no-grad scoring."""
         self._sampling_calls = 0
         if self.settings.disable_dropout:
-            for module in model.modules():
-                if isinstance(module, nn.Dropout):
-                    module.p = 0.0
+            disable_dropout(model)
         if self.settings.gradient_checkpointing:
             _enable_checkpointing(model)
             if is_peft_model(model):
@@ -353,6 +351,41 @@ class CausalLMPolicy:
     def save_pretrained(self, path: str, *, merged: bool = False) -> Any:
         """Model (or LoRA adapter, plus `merged/` when asked) and tokenizer, as safetensors."""
         return save_model(self.model, self.tokenizer, path, merged=merged)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Every dropout probability of the model set to 0, by rule rather than by list: each
+    dropout module's `p`, and every number attribute named like a dropout ("dropout" in the
+    name, or ending in "_pdrop") of each module and of each module's config (sub-configs
+    included). Attention dropout is such a number, read by the attention at forward time."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        _zero_dropout_fields(module)
+        config = getattr(module, "config", None)
+        if config is not None and not isinstance(config, nn.Module):
+            _zero_dropout_fields(config)
+
+
+def _zero_dropout_fields(owner: Any, seen: set[int] | None = None) -> None:
+    """Set owner's dropout-named numbers to 0.0, recursing into configs it holds."""
+    seen = set() if seen is None else seen
+    if id(owner) in seen:
+        return
+    seen.add(id(owner))
+    for name, value in list(vars(owner).items()):
+        if (
+            _is_dropout_name(name)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        ):
+            setattr(owner, name, 0.0)
+        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+            _zero_dropout_fields(value, seen)
+
+
+def _is_dropout_name(name: str) -> bool:
+    return "dropout" in name or name.endswith("_pdrop")
 
 
 def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:

@@ -7,11 +7,12 @@ n = i * G + j), prompts left-padded so that every row's new tokens start at
 the same column.
 
 Departures and choices:
-- Every sampling knob that would change the distribution is set explicitly
-  (repetition penalty 1, no top-k unless asked, ...), because `generate`
-  fills unset fields from the model's own `generation_config`; a checkpoint
-  shipping `repetition_penalty=1.05` would otherwise sample from a policy
-  whose log-probs the loss never sees.
+- Engines sample only what these settings say, never a checkpoint's own
+  sampling defaults (`generation_config.json`): a checkpoint shipping
+  `repetition_penalty=1.05` or `suppress_tokens` would otherwise sample from
+  a policy whose log-probs the loss never sees. The transformers engine
+  hides the model's `generation_config` from `generate` for the call; the
+  lean engine and vLLM requests never read it.
 - A completion ends at the first EOS (kept, it is a sampled action) or at the
   end of the first stop string (its tokens kept, its text kept); anything the
   model emitted after that is dropped from the record.
@@ -37,18 +38,6 @@ __all__ = [
     "left_pad",
     "split_completion",
 ]
-
-# generate() copies any field left at None from the model's generation_config;
-# these values switch every other logits processor off.
-NEUTRAL_GENERATION = {
-    "num_beams": 1,
-    "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
-    "min_new_tokens": 0,
-    "typical_p": 1.0,
-    "epsilon_cutoff": 0.0,
-    "eta_cutoff": 0.0,
-}
 
 
 @dataclass
@@ -105,8 +94,10 @@ class GenerationSettings:
         return dataclasses.replace(self, **changes)
 
     def generation_config_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of `transformers.GenerationConfig` for these settings."""
-        kwargs: dict[str, Any] = {**NEUTRAL_GENERATION, "max_new_tokens": self.max_new_tokens}
+        """Keyword arguments of `transformers.GenerationConfig` for these settings; every field
+        left out keeps transformers' global default, which applies no logits processor (top_k,
+        whose global default is 50, is always given when sampling)."""
+        kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
         if self.do_sample:
             kwargs.update(
                 do_sample=True,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.functional.advantages import informative_groups
 from grpo.protocols import TokenLevelPolicy, hook
 from grpo.records import ExperienceBatch, Rollout
 
@@ -86,43 +87,54 @@ def fill_informative(
     states: Sequence[Any],
     refill: Callable[[], Sequence[Any]],
     parallel: Any,
+    advantages: Callable[[Tensor], Tensor],
     G: int,
     max_rounds: int,
 ) -> tuple[Rollout, dict[str, float]]:
-    """Dynamic sampling (DAPO, Yu et al. 2025): this process's B groups, informative ones first.
+    """Dynamic sampling (DAPO, Yu et al. 2025): the step's B groups, informative ones first.
 
-    `sample(local_states)` rolls out; groups whose G rewards are all equal are set
-    aside, and new states from `refill()` (global, like `states`) are sampled
-    until every rank holds B/W informative groups or `max_rounds` extra rounds
-    are done. Kept are the first B/W informative groups in sampling order; a
-    batch still short after the cap is filled with the most recent uninformative
-    groups (zero advantage: no gradient), so every step trains on B groups.
+    Every round, each rank samples its shard of the round's states (`sample(local_states)`)
+    and the ranks exchange their groups, so that every rank sees the round's groups in
+    global order and takes the same decisions a single process would. A group is kept
+    when `informative_groups` says so for `advantages(rewards)` (the trainer's own
+    estimator: the test that also decides skipping). New states from `refill()` (global,
+    like `states`) are sampled until B informative groups are held or `max_rounds` extra
+    rounds are done. Kept are the first B informative groups in sampling order; a batch
+    still short after the cap is filled with the most recent uninformative groups (zero
+    advantage: no gradient), so every step trains on B groups. Returns this process's
+    shard of them and the dynamic/* metrics.
+
+    Departure from DAPO: informative means "some advantage is non-zero", which is DAPO's
+    "rewards not all equal" under the group-relative baselines.
     """
-    want = len(parallel.shard_states(states))  # groups this process trains on
+    B = len(states)
     informative: list[Rollout] = []
     spare: list[Rollout] = []
-    rounds, sampled, have = 0, 0, 0
+    rounds, sampled, reward_sum = 0, 0, 0.0
     batch = states
     while True:
-        rollout = sample(parallel.shard_states(batch))
-        groups = [rollout.take(torch.arange(i * G, (i + 1) * G)) for i in range(want)]
-        for group in groups:
-            varied = bool((group.rewards != group.rewards[0]).any())
-            (informative if varied else spare).append(group)
-        sampled += want
-        have = int(parallel.gather(torch.tensor([len(informative)])).min())  # every rank's
-        if have >= want or rounds == max_rounds:
+        local = sample(parallel.shard_states(batch))
+        rollout = Rollout.concat(parallel.gather_objects(local))  # every rank's, global order
+        keep = informative_groups(advantages(rollout.rewards), G)  # (groups of this round,)
+        for i, flag in enumerate(keep.tolist()):
+            group = rollout.take(torch.arange(i * G, (i + 1) * G))
+            (informative if flag else spare).append(group)
+        sampled += len(keep)
+        reward_sum += rollout.rewards.double().sum().item()
+        if len(informative) >= B or rounds == max_rounds:
             break
         rounds += 1
         batch = list(refill())
-    kept = informative[:want] + spare[::-1][: max(0, want - len(informative))]
+    kept = Rollout.concat(informative[:B] + spare[::-1][: max(0, B - len(informative))])
+    mine = torch.tensor(parallel.shard_states(range(kept.num_samples)), dtype=torch.long)
     metrics = {
         "dynamic/rounds": float(rounds + 1),
-        "dynamic/informative_frac": min(len(informative), want) / want,
+        "dynamic/informative_frac": min(len(informative), B) / B,
         "dynamic/sampled_zero_std_frac": len(spare) / sampled,
-        "dynamic/capped": float(have < want),
+        "dynamic/capped": float(len(informative) < B),
+        "reward/sampled_mean": reward_sum / (sampled * G),  # every group, set aside or not
     }
-    return Rollout.concat(kept), metrics
+    return kept.take(mine), metrics
 
 
 def score_old_logprobs(policy: Any, rollout: Rollout, rows: Tensor | None = None) -> Rollout:

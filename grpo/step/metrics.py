@@ -11,8 +11,9 @@ import math
 from torch import Tensor
 
 from grpo import distributed
+from grpo.functional.advantages import informative
 
-__all__ = ["rollout_metrics", "step_summary"]
+__all__ = ["loss_token_frac", "rollout_metrics", "step_summary"]
 
 
 def rollout_metrics(rewards: Tensor, advantages: Tensor) -> dict[str, float]:
@@ -27,6 +28,15 @@ def rollout_metrics(rewards: Tensor, advantages: Tensor) -> dict[str, float]:
         "advantage_std": advantages.std().item() if advantages.numel() > 1 else 0.0,
         "total_samples": float(len(advantages)),
     }
+
+
+def loss_token_frac(advantages: Tensor, tokens: Tensor) -> dict[str, float]:
+    """Share of the counted tokens (N,) that belong to informative samples (advantages (N,)):
+    the tokens that carry gradient, over which ratio/*, clip/* and entropy/* average when
+    zero-advantage samples are skipped."""
+    total = int(tokens.sum())
+    kept = int(tokens[informative(advantages)].sum())
+    return {"loss/token_frac": kept / total if total else 0.0}
 
 
 def step_summary(totals: dict[str, float]) -> dict[str, float]:

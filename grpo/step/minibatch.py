@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from grpo.functional.advantages import informative
 from grpo.functional.losses import GlobalCounts
 from grpo.records import Rollout
 
@@ -67,7 +68,7 @@ def optimizer_windows(
         for begin in range(0, len(ids), config.batch_size):
             idx = ids[begin : begin + config.batch_size]  # (n,) one mini-batch
             if skip_zero:
-                idx = idx[advantages[idx] != 0]
+                idx = idx[informative(advantages[idx])]
                 if len(idx) == 0:
                     continue  # nothing to learn from, on any rank: not run
             owned, rows, scale = parallel.own(idx, rollout.num_samples)

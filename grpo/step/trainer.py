@@ -43,6 +43,7 @@ from torch import Tensor
 
 from grpo import checkpoint, distributed
 from grpo.config import GRPOConfig
+from grpo.functional.advantages import informative
 from grpo.protocols import hook, validate_policy_model, validate_reward_model
 from grpo.records import Rollout
 from grpo.step.advantages import AdvantageEstimator
@@ -53,7 +54,7 @@ from grpo.step.collect import (
     sample_rollout,
     score_old_logprobs,
 )
-from grpo.step.metrics import rollout_metrics, step_summary
+from grpo.step.metrics import loss_token_frac, rollout_metrics, step_summary
 from grpo.step.minibatch import MiniBatch, optimizer_windows
 from grpo.step.objective import GRPOObjective
 
@@ -161,6 +162,8 @@ class GRPOTrainer:
             counts = loss_token_counts(self.policy, local) if counts is None else counts
         tokens = self.parallel.gather(counts)  # (N,)
         metrics.update(rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
+        metrics.update(loss_token_frac(advantages, tokens))
+        metrics.setdefault("reward/sampled_mean", metrics["reward/mean"])  # no group set aside
         metrics["collection_time"] = time.perf_counter() - start - advantage_time
         metrics["advantage_time"] = advantage_time
 
@@ -199,9 +202,11 @@ class GRPOTrainer:
         sample = partial(sample_rollout, self.policy, self.reward_model, G=self.config.group_size)
         if not self.config.dynamic_sampling:
             return sample(self.parallel.shard_states(states)), {}
+        G = self.config.group_size
         return fill_informative(
             sample, states, refill or (lambda: states), self.parallel,
-            self.config.group_size, self.config.dynamic_sampling_max_rounds,
+            partial(self.advantage_estimator.from_rewards, group_size=G),
+            G, self.config.dynamic_sampling_max_rounds,
         )  # fmt: skip
 
     def _skips_zero_advantage(self) -> bool:
@@ -215,7 +220,7 @@ class GRPOTrainer:
         """This process's rows (local indices) whose global advantage is not 0, and row 0,
         the stand-in a rank trains on (with loss scale 0) when it holds none of a mini-batch."""
         owned, rows, _ = self.parallel.own(torch.arange(len(advantages)), num_local)
-        keep = rows[advantages[owned] != 0]
+        keep = rows[informative(advantages[owned])]
         return torch.unique(torch.cat([keep, keep.new_zeros(1)]))  # sorted
 
     def _old_pass_redundant(self, N: int) -> bool:

@@ -35,6 +35,24 @@ def test_each_trainer_reports_times_tokens_and_memory(model_dir, trainer):
     for n, longest in zip(record["tokens"], record["decode_steps"], strict=True):
         assert n / N <= longest <= T
     assert record["peak_rss_mib"] >= record["setup_rss_mib"] > 0
+    assert len(record["cpu_s"]) == 1 and record["cpu_s"][0] > 0 and record["threads"] >= 1
+
+
+def test_every_trl_configuration_checkpoints_gradients_as_grpo(model_dir, tmp_path):
+    """TRL 1.16 defaults to gradient checkpointing; both bench configurations set grpo's (off)."""
+    import accuracy_workers
+    from trl import GRPOConfig as TRLConfig
+    from trl_side import make_trl_trainer
+
+    from grpo.lm.policy import CausalLMSettings
+
+    default = TRLConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert default.gradient_checkpointing is True  # TRL 1.16's default
+    ours = CausalLMSettings().gradient_checkpointing
+    assert make_trl_trainer(model_dir, TINY, tmp_path).args.gradient_checkpointing is ours
+    config = accuracy_workers.run_config([], 0, str(tmp_path / "run"))
+    trl = accuracy_workers.trl_config(config, 0, tmp_path)
+    assert trl.gradient_checkpointing is config.policy.gradient_checkpointing is False
 
 
 def test_summary_ratio_and_overhead_follow_the_records():
@@ -74,3 +92,15 @@ def test_script_runs_end_to_end(model_dir, tmp_path):
     summary = grpo_vs_trl.main([*argv, "--json", str(out)])
     assert out.is_file() and summary["bare"]["steps"] == 1
     assert summary["workload"]["max_new_tokens"] == 4
+    assert isinstance(summary["bare"]["flagged"], list)
+
+
+def test_flags_name_a_busy_machine_and_a_starved_run():
+    """Load 1.5 on 2 cores (> 1) and 1.5 CPU-s over 1 wall-s on 2 threads (< 1.6) are flagged;
+    2 CPU-s at load 0.5 is not."""
+    clean = {"step_s": [0.5, 0.5], "cpu_s": [1.0, 1.0], "threads": 2, "cores": 2}
+    assert grpo_vs_trl.run_flags({**clean, "load_before": 0.5}) == []
+    assert grpo_vs_trl.run_flags({**clean, "load_before": 1.5}) == ["load 1.5 > 1"]
+    starved = {**clean, "cpu_s": [0.75, 0.75], "load_before": 0.5}
+    assert grpo_vs_trl.run_flags(starved) == ["CPU 0.75 x wall x 2 threads"]
+    assert grpo_vs_trl.run_flags({"step_s": [1.0]}) == []  # a record without the measurements

@@ -43,7 +43,26 @@ def test_summary_hand_values():
     assert s["grpo"]["accuracy_at"] == pytest.approx({"0.25": 0.75, "0.5": 0.85, "1": 0.85})
     assert s["trl"]["accuracy_at"] == pytest.approx({"0.25": 0.3, "0.5": 0.55, "1": 0.75})
     assert s["grpo"]["final_sd"] == pytest.approx(0.1 / 2**0.5)
+    assert s["ratio_to_trl_run"] == 22.0 / 80.0  # grpo's time to TRL's final / TRL's whole run
     assert "| grpo | 20 | 85.0 %" in tta.table(s)
+    assert "TRL's whole training run: 0.28" in tta.table(s)
+
+
+def test_busy_or_starved_runs_are_flagged_in_the_table():
+    """A run that started with load above half the cores, or got CPU under 0.8 x wall x threads,
+    is named in its library's row; a clean one and a record without measurements are not."""
+    clean, busy, starved, old = (
+        _record(lib, [(0, 0.0, 0.3), (10, 10.0, 0.6)]) for lib in ("grpo", "grpo", "trl", "trl")
+    )
+    for record, load, cpu in ((clean, 0.5, 19.0), (busy, 1.5, 19.0), (starved, 0.5, 15.0)):
+        record.update(load_before=load, cores=2, threads=2)
+        record["points"][-1]["cpu_seconds"] = cpu
+    busy["seed"], starved["seed"] = 1, 2
+    assert tta.run_flags(clean) == [] and tta.run_flags(old) == []
+    assert tta.run_flags(busy) == ["load 1.5 > 1"]
+    assert tta.run_flags(starved) == ["CPU 0.75 x wall x 2 threads"]
+    text = tta.table(tta.summarise([clean, busy, starved, old]))
+    assert "| seed 1: load 1.5 > 1 |" in text and "| seed 2: CPU 0.75 x wall x 2 threads |" in text
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (.[bench])")
@@ -59,4 +78,8 @@ def test_both_libraries_run_with_their_own_schedules(tmp_path):
     steps = {r["library"]: [p["step"] for p in r["points"]] for r in written["records"]}
     assert steps == {"grpo": [0, 2, 4], "trl": [0, 2]}
     assert all(0 <= p["accuracy"] <= 1 for r in written["records"] for p in r["points"])
+    for record in written["records"]:  # what the flags are computed from
+        assert record["load_before"] >= 0 and record["threads"] >= 1 and record["cores"] >= 1
+        assert record["points"][-1]["cpu_seconds"] > 0
+    assert isinstance(summary["trl"]["flagged"], list)
     assert (tmp_path / "tta.png").stat().st_size > 10_000

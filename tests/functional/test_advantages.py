@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from grpo.functional import BASELINES, SCALES, group_advantages
+from grpo.functional.advantages import informative, informative_groups
 
 # rewards [0, 1, 2, 3]: mean 1.5, unbiased std sqrt(5/3) = 1.2909944487358056
 GROUP_STD_PLUS_EPS = 1.2910944487358056
@@ -123,3 +124,16 @@ def test_unknown_name_lists_allowed_values():
     """An unknown baseline's message shows the value given and the allowed names."""
     with pytest.raises(ValueError, match="'median'.*'mean', 'leave_one_out', 'none'"):
         group_advantages(torch.zeros(4), 2, baseline="median")
+
+
+def test_informative_means_some_advantage_is_not_zero():
+    """informative: advantage != 0 per sample; a group is informative when any sample is, under
+    every baseline and positive_only alike (equal rewards without a baseline are informative)."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 0.0, 0.0])  # G = 2: 4 groups
+    mean = group_advantages(rewards, 2)
+    assert informative(mean).tolist() == [False, False, True, True, False, False, False, False]
+    assert informative_groups(mean, 2).tolist() == [False, True, False, False]
+    plain = group_advantages(rewards, 2, baseline="none", scale="none")
+    assert informative_groups(plain, 2).tolist() == [True, True, True, False]
+    positive = group_advantages(rewards, 2, positive_only=True)
+    assert informative(positive).tolist() == [False, False, False, True] + [False] * 4

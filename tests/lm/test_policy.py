@@ -292,3 +292,34 @@ def test_bad_inputs_fail_clearly(tiny_lm_dir, tmp_path):
         policy.get_token_log_probabilities(["x"], ["a b"])
     with pytest.raises(ValueError, match="state 0: a dict state needs a 'prompt' key"):
         policy.generate_actions([{"question": "a"}], 2)
+
+
+# every dropout each architecture's config exposes, at 0.5
+DROPOUTS = {
+    "qwen2": {"attention_dropout": 0.5},
+    "llama": {"attention_dropout": 0.5},
+    "gpt2": {"attn_pdrop": 0.5, "resid_pdrop": 0.5, "embd_pdrop": 0.5},
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_disable_dropout_turns_off_attention_dropout(tiny_lm_dir, arch):
+    """Dropout 0.5 in the config (attention included): with disable_dropout the training-mode
+    gradient pass scores what the eval-mode rollout scored, so the first epoch's ratio is 1."""
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_lm_dir(arch)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **DROPOUTS[arch])
+    _, tokenizer = load_tiny_causal_lm(path)
+    policy = CausalLMPolicy(
+        model, tokenizer, CausalLMSettings(GenerationSettings(max_new_tokens=4))
+    )
+    assert all(getattr(model.config, name) == 0.0 for name in DROPOUTS[arch])
+    actions = sample_completions(tokenizer)
+    states = ["say a", "write b c d e f g", "count"]
+    with torch.no_grad():
+        model.eval()
+        old = policy.get_token_log_probabilities(states, actions).logprobs
+    model.train()
+    new = policy.get_token_log_probabilities(states, actions).logprobs
+    assert torch.equal((new - old.detach()).exp(), torch.ones_like(new))

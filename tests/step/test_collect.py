@@ -151,3 +151,26 @@ def test_single_string_or_tensor_groups_rejected():
     collector = ExperienceCollector(TensorActions(4, 3), best_arm_reward(4, 3), group_size=2)
     with pytest.raises(TypeError, match=r"got a Tensor \(convert tensors with .tolist\(\)\)"):
         collector.collect_experiences([0, 1])
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_reports_every_sampled_reward():
+    """Hand-built rounds: groups 1 and 3 are informative and kept; reward/sampled_mean is over
+    all four groups sampled (14 / 8), while the kept ones average 1.5."""
+    from grpo.distributed import SingleProcess
+    from grpo.functional.advantages import group_advantages
+    from grpo.records import Rollout
+    from grpo.step.collect import fill_informative
+
+    pays = {0: [1.0, 1.0], 1: [0.0, 2.0], 2: [3.0, 3.0], 3: [0.0, 4.0]}
+
+    def sample(states):
+        return Rollout([s for s in states for _ in range(2)], ["a", "b"] * len(states),
+                       torch.tensor([r for s in states for r in pays[s]]))  # fmt: skip
+
+    kept, metrics = fill_informative(
+        sample, [0, 1], lambda: [2, 3], SingleProcess(), lambda r: group_advantages(r, 2), 2, 3
+    )
+    assert kept.states == [1, 1, 3, 3] and kept.rewards.mean().item() == 1.5
+    assert metrics == {"dynamic/rounds": 2.0, "dynamic/informative_frac": 1.0,
+                       "dynamic/sampled_zero_std_frac": 0.5, "dynamic/capped": 0.0,
+                       "reward/sampled_mean": 1.75}  # fmt: skip

@@ -185,3 +185,19 @@ def test_the_round_cap_ends_a_step_that_cannot_fill():
     assert policy.sampling_calls == 3 and metrics["dynamic/rounds"] == 3.0
     assert metrics["dynamic/capped"] == 1.0 and metrics["dynamic/informative_frac"] == 0.0
     assert metrics["total_samples"] == S * G and metrics["reward/zero_std_frac"] == 1.0
+
+
+def test_dynamic_sampling_keeps_what_skipping_trains_on_without_a_baseline():
+    """advantage_baseline 'none': a group of equal non-zero rewards has non-zero advantages, so
+    dynamic sampling keeps it in the first round, and every sample is trained on."""
+    torch.manual_seed(0)
+    policy = RecordingPolicy(num_states=S, vocab_size=V, max_length=L, seed=1)
+    config = GRPOConfig(group_size=G, batch_size=S * G, kl_coeff=0.0, entropy_coeff=0.0,
+                        advantage_baseline="none", advantage_scale="batch",
+                        dynamic_sampling=True, dynamic_sampling_max_rounds=2)  # fmt: skip
+    trainer = GRPOTrainer(policy, FunctionReward(lambda s, a: 1.0 + s % 2), None, config)
+    metrics = trainer.train_step(list(range(S)))
+    assert policy.sampling_calls == 1 and metrics["dynamic/informative_frac"] == 1.0
+    assert metrics["skip/zero_advantage_frac"] == 0.0 and metrics["loss/token_frac"] == 1.0
+    assert metrics["reward/sampled_mean"] == metrics["reward/mean"] == 1.5
+    assert sorted(set(policy.scored_states)) == list(range(S))

@@ -33,6 +33,7 @@ FIXED_LLM_ARGS = (
     "gpu_memory_utilization",
     "max_model_len",
     "logprobs_mode",
+    "generation_config",
     "tensor_parallel_size",
     "enable_lora",
 )

@@ -1,16 +1,19 @@
 """The default rollout engine: the trainer's own model samples with transformers' `generate`.
 
 Follows seed 001 (sampling in eval mode under `no_grad`, the previous mode
-restored afterwards). Every sampling knob that would change the distribution
-is set explicitly (`GenerationSettings.generation_config_kwargs`), because
-`generate` fills unset fields from the model's own `generation_config`.
-Sampling is seeded through a forked RNG (`sample_in_chunks`), so it is
+restored afterwards). Every call samples from a fresh `GenerationConfig` built
+from `GenerationSettings` alone: `generate` fills every field a config leaves
+unset from `model.generation_config` (a checkpoint's `generation_config.json`:
+`suppress_tokens`, `min_p`, `sequence_bias`, ...), so for the call the model's
+own `generation_config` *is* that fresh config, and the merge has nothing to
+add whatever the checkpoint ships. Sampling is seeded through a forked RNG (`sample_in_chunks`), so it is
 reproducible without disturbing the caller's global random state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -76,22 +79,24 @@ def sample_token_ids(
     (`generate`'s processed scores: temperature, top-k, top-p applied)."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
+    truncated = settings.truncates
     config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=list(eos_ids),
+        output_scores=truncated,
+        return_dict_in_generate=True,
         **settings.generation_config_kwargs(),
     )
-
-    truncated = settings.truncates
 
     def decode(ids: Tensor, mask: Tensor) -> Samples:
         stop = StoppingCriteriaList()
         if settings.stop_strings:
             stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config, stopping_criteria=stop,
-            output_scores=truncated, return_dict_in_generate=True,
-        )  # fmt: skip
+        with _model_defaults(model, config):
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=config,
+                stopping_criteria=stop,
+            )  # fmt: skip
         new = out.sequences[:, ids.shape[1] :]  # (n, <= max_new_tokens)
         if not truncated:
             return Samples(new.tolist(), None)
@@ -101,6 +106,23 @@ def sample_token_ids(
 
     device = next(model.parameters()).device
     return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)
+
+
+@contextlib.contextmanager
+def _model_defaults(model: Any, config: Any) -> Iterator[None]:
+    """`config` as the model's own `generation_config` inside, the model's back after.
+
+    `generate` merges `model.generation_config` into the config it is given (the fields
+    left None); with the given config in its place the merge adds nothing. A PEFT model
+    generates with its base model, whose config is the one read.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    previous = base.generation_config
+    base.generation_config = config
+    try:
+        yield
+    finally:
+        base.generation_config = previous
 
 
 class _StopStrings:

@@ -51,6 +51,7 @@ from grpo.lm.engines.vllm_cpu import (
     cpu_llm_args,
     engine_probe_logprobs,
     probe_ids,
+    probe_problems,
     probe_tolerance,
     reload_weights,
     trainer_probe_logprobs,
@@ -156,6 +157,8 @@ class VLLMEngine:
         self.probe = probe_ids(config.vocab_size, context)
         self.probe_gap: float | None = None
         """Largest |trainer - vLLM| log-prob on the probe at the last check."""
+        self.probe_previous: torch.Tensor | None = None
+        """The trainer's probe log-probs at the last check that passed (the direction check)."""
         self.tolerance = probe_tolerance(self.dtype, self.settings.probe_tolerance)
 
     def _init_gpu(self, model: nn.Module, settings: VLLMSettings) -> None:
@@ -237,16 +240,15 @@ class VLLMEngine:
         self.checks += 1
 
     def _probe_problems(self) -> list[str]:
-        """The probe scored by vLLM and by the trainer: [] when they agree within tolerance."""
+        """The probe scored by vLLM and by the trainer: [] when they agree within tolerance
+        and vLLM is nearer the trainer's current weights than the last check's."""
         trainer = trainer_probe_logprobs(self.model, self.probe)
         engine = engine_probe_logprobs(self.llm, self.probe)
         self.probe_gap = float((trainer - engine).abs().max())
-        if self.probe_gap <= self.tolerance:
-            return []
-        return [
-            f"its log-probs of a {len(self.probe)}-token probe differ from the trainer's by up "
-            f"to {self.probe_gap:.3g} (> {self.tolerance:g}, vllm.probe_tolerance)"
-        ]
+        problems = probe_problems(engine, trainer, self.probe_previous, self.tolerance)
+        if not problems:
+            self.probe_previous = trainer  # the weights vLLM was shown to hold
+        return problems
 
     # ------------------------------------------------------------ helpers
     def _call(self, fn: Callable[[nn.Module], Any]) -> Any:
@@ -334,6 +336,7 @@ def _build_llm(folder: str, settings: VLLMSettings, dtype: torch.dtype, on_cpu: 
                 gpu_memory_utilization=settings.gpu_memory_utilization,
                 max_model_len=settings.max_model_len,
                 logprobs_mode="processed_logprobs",
+                generation_config="vllm",  # no checkpoint sampling defaults: the requests decide
                 **args,
             )
     finally:

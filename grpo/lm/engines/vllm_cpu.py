@@ -24,6 +24,14 @@ rollout.engine=vllm`: kernel differences of 1e-5 to 2e-4 at most steps and once
 one optimizer step moved the probe by 0.15 to 3 nats. A stale engine, one step
 behind, fails it.
 
+At a smaller learning rate one step can move the probe by less than the
+tolerance, and a failed reload would pass that check. So the probe also checks
+direction (`probe_problems`): the trainer's probe log-probs of the weights the
+engine should hold and of the previous check's weights are both kept, and when
+those differ by more than `PROBE_MIN_MOVE` (1e-3 nats at some position) the
+engine's log-probs must be closer (Euclidean distance over the probe) to the
+current ones than to the previous ones.
+
 vLLM's own model classes are used (`model_impl="auto"`), not its transformers
 backend: that backend patches the transformers model classes of this process
 (a new `LlamaModel(config)` then fails outside a vLLM context), and its shared
@@ -43,10 +51,12 @@ from grpo.functional.logprobs import completion_logprobs
 
 __all__ = [
     "CPU_KV_CACHE_BYTES",
+    "PROBE_MIN_MOVE",
     "PROBE_TOKENS",
     "cpu_llm_args",
     "engine_probe_logprobs",
     "probe_ids",
+    "probe_problems",
     "probe_tolerance",
     "reload_weights",
     "trainer_probe_logprobs",
@@ -63,6 +73,9 @@ PROBE_TOLERANCES = {torch.float32: 1e-2, torch.bfloat16: 0.1, torch.float16: 0.0
 """Largest probe log-prob gap accepted by default, by vLLM's dtype: above kernel
 rounding (fp32: at most 2.3e-3 measured), well below what an optimizer step moves
 (0.15 nats at least on the demo)."""
+PROBE_MIN_MOVE = 1e-3
+"""Largest probe change (nats) between two checks' trainer weights below which the direction
+check does not apply: the two versions are too close to tell apart."""
 CPU_DEPARTURES = (
     "vLLM runs on the CPU: sleep mode and zero-copy weight sharing are CUDA-only, so the "
     "KV cache stays allocated and the trainer's weights are reloaded (reload_weights) and "
@@ -106,6 +119,34 @@ def probe_ids(vocab_size: int, context: int | None) -> list[int]:
 def probe_tolerance(dtype: torch.dtype, override: float | None) -> float:
     """The probe's accepted gap: the setting, else by dtype."""
     return override if override is not None else PROBE_TOLERANCES.get(dtype, 0.1)
+
+
+def probe_problems(
+    engine: Tensor, trainer: Tensor, previous: Tensor | None, tolerance: float
+) -> list[str]:
+    """What is wrong with the engine's probe log-probs (n,), given the trainer's for the weights
+    it should hold (n,) and for the previous check's weights (n,) or None: [] when nothing.
+
+    Within `tolerance` of the trainer's everywhere, and, when the two trainer versions differ
+    by more than `PROBE_MIN_MOVE`, closer to the current version than to the previous one.
+    """
+    gap = float((trainer - engine).abs().max())
+    problems = []
+    if gap > tolerance:
+        problems.append(
+            f"its log-probs of a {len(trainer)}-token probe differ from the trainer's by up "
+            f"to {gap:.3g} (> {tolerance:g}, vllm.probe_tolerance)"
+        )
+    if previous is not None and float((trainer - previous).abs().max()) > PROBE_MIN_MOVE:
+        to_current = float(torch.linalg.vector_norm(engine - trainer))
+        to_previous = float(torch.linalg.vector_norm(engine - previous))
+        if to_current >= to_previous:
+            problems.append(
+                f"its probe log-probs are nearer the trainer's previous weights "
+                f"({to_previous:.3g}) than its current ones ({to_current:.3g}): the last "
+                "reload did not take"
+            )
+    return problems
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ def sampling_params_kwargs(
         "n": 1,
         "logprobs": 0,  # the sampled token's log-prob only
         "seed": seed,
-        # every other processor off, as NEUTRAL_GENERATION does for generate
+        # every other processor off, explicitly (the engine loads no generation_config.json)
         "min_p": 0.0,
         "min_tokens": 0,
         "repetition_penalty": 1.0,

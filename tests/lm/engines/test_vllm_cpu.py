@@ -19,6 +19,8 @@ from grpo.lm.sampling import GenerationSettings
 from grpo.rewards.combine import TextReward
 from grpo.step.trainer import GRPOTrainer
 
+from .test_probe import small_step
+
 pytestmark = VLLM_CPU
 
 DEMO_MODEL = Path(__file__).resolve().parents[3] / "grpo" / "assets" / "arith-tiny"
@@ -166,3 +168,21 @@ def test_a_grpo_step_syncs_checks_and_weighs_tokens(policy):
         assert abs(metrics["importance_weight/mean"] - 1) < TOLERANCE
     assert policy.rollout_engine.checks == checks + 2
     assert policy.rollout_metrics["rollout/weight_checks"] == checks + 2
+
+
+def test_a_reload_skipped_at_a_small_learning_rate_is_caught(policy, monkeypatch):
+    """An SGD step just large enough to move the probe 2e-3 nats (within the tolerance): a sync
+    whose reload is skipped fails the direction check, and the next real sync passes."""
+    import grpo.lm.engines.vllm as vllm_engine
+
+    engine = policy.rollout_engine
+    engine.sync()  # a passing check: the probe's previous version is the current weights
+    moved = small_step(policy.model, engine.probe)
+    assert moved < engine.tolerance
+    with monkeypatch.context() as patch:
+        patch.setattr(vllm_engine, "reload_weights", lambda llm, weights: None)
+        with pytest.raises(RuntimeError, match="did not take"):
+            engine.sync()
+    assert engine.probe_gap < engine.tolerance  # the tolerance alone would have passed it
+    engine.sync()
+    assert engine.probe_gap < TOLERANCE

@@ -45,7 +45,7 @@ from common import MODEL_SIZES, Workload, build_model, load_average, timing_flag
 
 TRAINERS = ("grpo", "grpo_lean", "trl", "bare", "bare_lean")
 BARE = {"grpo": "bare", "grpo_lean": "bare_lean"}  # each rollout engine and its floor
-OURS = tuple(BARE)  # the default rollout engine (generate), and the lean one
+OURS = tuple(BARE)  # the default rollout engine (transformers), and the lean one
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

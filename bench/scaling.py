@@ -52,8 +52,8 @@ def main() -> None:
             rows.append((point, step_s, tokens))
             print(point, {name: f"{s:.3f} s/step" for name, s in step_s.items()}, flush=True)
     print(
-        "| model (hidden x layers) | G | T | N = B x G | tokens/step | s/step, generate "
-        "| s/step, lean | lean / generate |"
+        "| model (hidden x layers) | G | T | N = B x G | tokens/step | s/step, transformers "
+        "| s/step, lean | lean / transformers |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for point, step_s, tokens in rows:

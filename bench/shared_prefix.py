@@ -14,7 +14,7 @@ plain) and the median of the per-repetition ratios:
 | score+backward | `share_prompt_prefix` on: the loss's gradient pass over a fixed rollout, `score_completions` with gradient then backward | off |
 | score (no grad) | the same pass without gradient (old or reference log-probs) | off |
 | rollout lean | `LeanEngine.sample` of the 256 rows, `share_prefill` on | off |
-| step generate | `GRPOTrainer.train_step` (demo's config, AdamW), transformers' `generate`, scoring shared | scoring plain |
+| step transformers | `GRPOTrainer.train_step` (demo's config, AdamW), transformers' `generate`, scoring shared | scoring plain |
 | step lean | the same with the lean engine, scoring shared and prefill shared | both plain |
 """
 
@@ -81,33 +81,33 @@ def _parts() -> dict[str, tuple[Callable[[bool], None], Callable[[int], None]]]:
     """name -> (switch(on), run(rep)): what each part times."""
     from grpo.lm.scoring import score_completions
 
-    generate, lean = _policy("transformers"), _policy("lean")
+    default, lean = _policy("transformers"), _policy("lean")
     states = _states(0)
     with torch.no_grad():
-        actions = [a for group in generate.generate_actions(states, G) for a in group]
+        actions = [a for group in default.generate_actions(states, G) for a in group]
     advantages = torch.randn(len(actions), 1, generator=torch.Generator().manual_seed(0))
 
     def score_backward(rep: int) -> None:
-        generate.model.zero_grad(set_to_none=True)
-        out, _ = score_completions(generate.model, actions, generate.scoring_settings())
+        default.model.zero_grad(set_to_none=True)
+        out, _ = score_completions(default.model, actions, default.scoring_settings())
         (out.logprobs * advantages).sum().div(out.completion_mask.sum()).neg().backward()
 
     def score_no_grad(rep: int) -> None:
         with torch.no_grad():
-            score_completions(generate.model, actions, generate.scoring_settings())
+            score_completions(default.model, actions, default.scoring_settings())
 
     def rollout_lean(rep: int) -> None:
         with torch.no_grad():
             lean.generate_actions(_states(rep % 4), G)
 
-    trainers = {"generate": _trainer(generate), "lean": _trainer(lean)}
+    trainers = {"transformers": _trainer(default), "lean": _trainer(lean)}
     return {
-        "score+backward": (_setters(generate), score_backward),
-        "score (no grad)": (_setters(generate), score_no_grad),
+        "score+backward": (_setters(default), score_backward),
+        "score (no grad)": (_setters(default), score_no_grad),
         "rollout lean": (_setters(lean), rollout_lean),
-        "step generate": (
-            _setters(generate),
-            lambda r: trainers["generate"].train_step(_states(r)),
+        "step transformers": (
+            _setters(default),
+            lambda r: trainers["transformers"].train_step(_states(r)),
         ),
         "step lean": (_setters(lean), lambda r: trainers["lean"].train_step(_states(r))),
     }

@@ -1,4 +1,4 @@
-"""The CPU parts of bench/vllm_rollout.py: vLLM's CPU build against `generate` and `lean`.
+"""The CPU parts of bench/vllm_rollout.py: vLLM's CPU build against the `transformers` and `lean` engines.
 
 Each part runs in a fresh subprocess (its own peak RSS; vLLM's CPU worker also
 replaces `torch.set_num_threads` for the whole process) and prints one JSON record.
@@ -23,8 +23,7 @@ WORKLOADS = {  # name -> (prompts B, completions per prompt G, new tokens at mos
     "demo": (32, 8, 5, 5),
     "0.5b": (8, 8, 128, 1),
 }
-ENGINES = ("vllm", "generate", "lean")
-ENGINE_NAMES = {"vllm": "vllm", "generate": "transformers", "lean": "lean"}
+ENGINES = ("vllm", "transformers", "lean")
 
 
 def _prompts(model: str, n: int) -> list[dict]:
@@ -40,7 +39,7 @@ def _policy(folder: Path, engine: str, max_new_tokens: int):
     from grpo.lm.sampling import GenerationSettings
 
     vllm = VLLMSettings(max_model_len=None if folder == DEMO else 256, engine_kwargs={"kv_cache_memory_bytes": 1 << 30})
-    rollout = RolloutSettings(engine=ENGINE_NAMES[engine], vllm=vllm)
+    rollout = RolloutSettings(engine=engine, vllm=vllm)
     generation = GenerationSettings(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
     settings = CausalLMSettings(generation, micro_batch_size=64)
     return CausalLMPolicy.from_pretrained(str(folder), settings, dtype="float32", rollout=rollout)

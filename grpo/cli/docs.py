@@ -56,6 +56,15 @@ def _dataclass_of(annotation: Any) -> type | None:
     return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
 
 
+def _list_item(annotation: Any) -> type | None:
+    """D for `list[D]` of a dataclass D, alone or as one option of a union; else None."""
+    for option in [annotation, *typing.get_args(annotation)]:
+        args = typing.get_args(option)
+        if typing.get_origin(option) is list and args and dataclasses.is_dataclass(args[0]):
+            return args[0]
+    return None
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # a literal bar inside a Markdown table cell
 
@@ -89,9 +98,12 @@ def _rows(cls: type, defaults: Any, prefix: str) -> list[str]:
         key = f"{prefix}{f.name}"
         default = defaults[f.name] if defaults and f.name in defaults else _field_default(f)
         nested = _dataclass_of(hints[f.name])
-        if nested is not None and typing.get_origin(hints[f.name]) is list:
-            rows.append(f"| `{key}` | list | `{_value(default)}` | {docs.get(f.name, '')} |")
-            rows.extend(_rows(nested, None, f"{key}[]."))
+        item = _list_item(hints[f.name])
+        if item is not None:  # a list of sections; another accepted form is in the docstring
+            kind = "list" if typing.get_origin(hints[f.name]) is list else "list or mapping"
+            doc = _cell(docs.get(f.name, ""))
+            rows.append(f"| `{key}` | {kind} | `{_value(default)}` | {doc} |")
+            rows.extend(_rows(item, None, f"{key}[]."))
             continue
         if nested is not None:
             if default is None:

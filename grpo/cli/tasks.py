@@ -123,7 +123,7 @@ def _reward_functions(specs: Sequence[Any]) -> Any:
     for i, spec in enumerate(specs):
         key = f"task.rewards[{i}].function"
         fn = import_object(spec.function, key)
-        name = getattr(fn, "__name__", spec.function)
+        name = spec.name or getattr(fn, "__name__", spec.function)
         try:
             TextReward({name: fn})  # callable, and callable as fn(prompts, completions, ...)
         except (TypeError, ValueError) as err:

@@ -78,6 +78,8 @@ class RewardSpec:
     reward(prompts, completions, **columns) -> list[float | None]."""
     weight: float = 1.0
     """Its weight in the summed reward."""
+    name: str | None = None
+    """The name its metrics carry (rewards/<name>/mean); null = the function's own name."""
 
     def __post_init__(self) -> None:
         if ":" not in self.function:
@@ -107,8 +109,10 @@ class TaskConfig:
     """prompts task: JSONL file of training rows {"prompt": ..., other columns}."""
     eval_file: str | None = None
     """prompts task: JSONL file of held-out rows; null = no evaluation."""
-    rewards: list[RewardSpec] = field(default_factory=list)
-    """prompts task: the reward functions and their weights."""
+    rewards: list[RewardSpec] | dict[str, str] = field(default_factory=list)
+    """prompts task: the reward functions, as a list of {function, weight, name}
+    (`rewards: [{function: "rewards.py:correct", weight: 2.0}]`) or as a mapping {name:
+    function}, weight 1 each (`rewards: {correct: "rewards.py:correct"}`)."""
     accuracy: str | None = None
     """prompts task: optional "module:function" scoring 1 = correct (same contract as a reward)."""
 
@@ -116,6 +120,16 @@ class TaskConfig:
         check_int("task", "train_size", self.train_size)
         check_int("task", "eval_size", self.eval_size, minimum=0)
         check_int("task", "seed", self.seed, minimum=0)
+        if isinstance(self.rewards, dict):  # the mapping form, as the list it stands for
+            self.rewards = [_named_reward(name, fn) for name, fn in self.rewards.items()]
+
+
+def _named_reward(name: str, function: str) -> RewardSpec:
+    """One entry {name: function} of the mapping form of task.rewards, weight 1."""
+    try:
+        return RewardSpec(function=function, name=name)
+    except ValueError as err:
+        raise ValueError(f"task.rewards.{name}: {err}") from err
 
 
 @dataclass

@@ -18,12 +18,15 @@ Choices:
   penalty ratio") and "lr" (the rate the step ran at).
 - An evaluation record holds flat "eval/..." numbers and "eval/samples", a
   list of dicts (prompt, completion, reward): the one non-scalar entry, which
-  scalar sinks skip.
+  scalar sinks skip. The sinks also get "time/eval", its wall time, which
+  `evaluations` (and so checkpoints and summaries) leave out: a wall time is
+  never the same twice, and a summary compares runs.
 """
 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -243,10 +246,11 @@ class TrainingLoop:
         """Held-out metrics now, logged with their samples; {} without an evaluator."""
         if self.evaluator is None:
             return {}
+        start = time.perf_counter()
         metrics, samples = self.evaluator()
         record = {**metrics, "eval/samples": samples}
         self.evaluations.append({"step": self.step, **record})
-        self.sink(record, self.step)
+        self.sink({**record, "time/eval": time.perf_counter() - start}, self.step)
         return record
 
     # ------------------------------------------------------------- resumable state

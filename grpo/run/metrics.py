@@ -129,14 +129,22 @@ class WandbLogger:
 class ProgressLogger:
     """A tqdm bar on a terminal; plain log lines (one every `every` steps) otherwise.
 
-    Step records show reward, KL and loss; evaluation records (keys "eval/...")
-    get a line of their own.
+    Step records show reward, KL, loss, seconds per step and tokens per second;
+    evaluation records (keys "eval/...") get a line of their own; a checkpoint's
+    time ("time/checkpoint") adds nothing to its step's line. `header`, when
+    given, is written once before anything else (the run directory, say).
     """
 
     SHOWN = ("reward/mean", "kl/mean", "step_loss")
+    RATES = (("time/step", "{:.3g} s/step"), ("throughput/tokens_per_s", "{:.0f} tokens/s"))
 
     def __init__(
-        self, total_steps: int, every: int = 1, stream: Any = None, start_step: int = 0
+        self,
+        total_steps: int,
+        every: int = 1,
+        stream: Any = None,
+        start_step: int = 0,
+        header: str | None = None,
     ) -> None:
         self.total_steps = total_steps
         self.every = max(1, every)
@@ -150,9 +158,12 @@ class ProgressLogger:
             self._bar = tqdm(
                 total=total_steps, initial=start_step, file=self.stream, dynamic_ncols=True
             )
+        if header is not None:
+            self._write(header)
 
     def _summary(self, metrics: Mapping[str, float]) -> str:
         shown = [f"{k.split('/')[0]}={metrics[k]:.4g}" for k in self.SHOWN if k in metrics]
+        shown += [form.format(metrics[k]) for k, form in self.RATES if k in metrics]
         return " ".join(shown)
 
     def _write(self, line: str) -> None:
@@ -168,6 +179,8 @@ class ProgressLogger:
         if evaluation:
             shown = " ".join(f"{k[5:]}={v:.4g}" for k, v in evaluation.items())
             self._write(f"eval at step {step}: {shown}")
+            return
+        if "time/checkpoint" in scalars:  # after its step, whose line is written already
             return
         if self._bar is not None:
             self._bar.update(step - self._bar.n)

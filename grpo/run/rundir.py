@@ -8,7 +8,7 @@
       wandb/               W&B files (when asked)
       checkpoints/step-000050/state.pt, manifest.json
       final/               the trained model in Hugging Face format
-      training.png         reward, KL and completion length over steps
+      training.png         reward, KL, completion length, time per step by phase
       summary.json         the first and last evaluations, steps and time
 
 A checkpoint is written into a hidden `.step-N.partial/` folder (state file

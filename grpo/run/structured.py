@@ -57,12 +57,15 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        errors = []
         for option in (a for a in args if a is not type(None)):
             try:
                 return _convert(option, value, key)
-            except ConfigError:
-                continue
-        raise _fail(key, value, hint)
+            except ConfigError as err:
+                errors.append(err)
+        # an option whose shape the value has failed inside: its message names the entry
+        inner = [e for e in errors if not str(e).startswith(f"{key}: got ")]
+        raise inner[0] if inner else _fail(key, value, hint)
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             raise _fail(key, value, hint)

@@ -9,7 +9,8 @@ The order of a run, and why:
    created (the same command runs once the data are fixed).
 4. On `--resume`: load the newest intact checkpoint, drop log lines written
    after it, and only then open the log files for appending.
-5. Train; after every `run.checkpoint_every` steps and at the end, checkpoint.
+5. Train; after every `run.checkpoint_every` steps and at the end, checkpoint
+   (its wall time logged as "time/checkpoint" at the step it follows).
    A reward function that breaks its contract (`RewardError`) stops the run
    with its checkpoints intact and a message naming the last one and how to
    continue once the reward or the data is fixed (`grpo train --resume`).
@@ -109,8 +110,11 @@ def _sinks(config: RunConfig, run_dir: RunDirectory, start_step: int) -> Metrics
                 config=to_dict(config),
             )
         )  # fmt: skip
-    steps = config.schedule.num_steps
-    sinks.append(ProgressLogger(steps, every=config.run.log_every, start_step=start_step))
+    header = f"run directory {run_dir.path}"
+    if any(isinstance(sink, TensorBoardLogger) for sink in sinks):
+        header += f"; watch it with: tensorboard --logdir {run_dir.tensorboard}"
+    steps, every = config.schedule.num_steps, config.run.log_every
+    sinks.append(ProgressLogger(steps, every=every, start_step=start_step, header=header))
     return MultiLogger(sinks)
 
 
@@ -144,10 +148,12 @@ def train(
     def after_step(step: int) -> None:
         every = config.run.checkpoint_every
         if (every and step % every == 0) or loop.done:
+            start = time.perf_counter()
             state = loop.state_dict()  # collective under FSDP2: every rank takes part
             if main:
                 run_dir.save_checkpoint(step, state, config.run.keep_checkpoints)
             distributed.barrier()
+            sink.log({"time/checkpoint": time.perf_counter() - start}, step)
 
     try:
         loop.train(after_step)

@@ -30,6 +30,7 @@ from torch import Tensor
 from grpo.functional.advantages import informative_groups
 from grpo.protocols import TokenLevelPolicy, hook
 from grpo.records import ExperienceBatch, Rollout
+from grpo.step.timing import NO_TIMER
 
 __all__ = [
     "ExperienceCollector",
@@ -66,8 +67,12 @@ class ExperienceCollector:
         return rollout.to_experience_batch(self.group_size, token_level)
 
 
-def sample_rollout(policy: Any, reward_model: Any, states: Sequence[Any], G: int) -> Rollout:
-    """Sample G actions per state and score them: (B,) states -> Rollout of N = B * G samples."""
+def sample_rollout(
+    policy: Any, reward_model: Any, states: Sequence[Any], G: int, timer: Any = NO_TIMER
+) -> Rollout:
+    """Sample G actions per state and score them: (B,) states -> Rollout of N = B * G samples.
+
+    `timer` (a `StepTimer`) gets the time of the "sampling" and "rewards" phases."""
     if isinstance(states, (str, bytes)):
         raise TypeError(f"states must be a list of states, got a single {type(states).__name__}")
     if states is None or len(states) == 0:
@@ -75,10 +80,13 @@ def sample_rollout(policy: Any, reward_model: Any, states: Sequence[Any], G: int
     states = list(states)
     B = len(states)
     with _no_grad_eval(policy, reward_model):
-        action_groups = _check_groups(policy.generate_actions(states, G), B, G)
+        with timer.phase("sampling"):
+            action_groups = _check_groups(policy.generate_actions(states, G), B, G)
         flat_states = [s for s in states for _ in range(G)]  # (N,)
         flat_actions = [a for group in action_groups for a in group]  # (N,)
-        rewards = _check_rewards(reward_model.compute_rewards(flat_states, flat_actions), B, G)
+        timer.count_sampled(flat_actions)
+        with timer.phase("rewards"):
+            rewards = _check_rewards(reward_model.compute_rewards(flat_states, flat_actions), B, G)
     return Rollout(flat_states, flat_actions, rewards)
 
 

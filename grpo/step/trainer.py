@@ -24,6 +24,7 @@ Departures from seed 004:
 - The no-grad pass that records log π_old is skipped when it cannot differ
   from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
   the loss then uses the detached current log-probs, ratio 1, same gradient.
+- Seed 004's `collection_time`, `advantage_time` became `time/...` (`grpo.step.timing`).
 - Mixed precision (seed 002): a `grad_scaler` (fp16) scales losses, unscales
   gradients before clipping; an overflow skips the step while the scale drops.
 """
@@ -31,7 +32,6 @@ Departures from seed 004:
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -57,6 +57,7 @@ from grpo.step.collect import (
 from grpo.step.metrics import loss_token_frac, rollout_metrics, step_summary
 from grpo.step.minibatch import MiniBatch, optimizer_windows
 from grpo.step.objective import GRPOObjective
+from grpo.step.timing import StepTimer, memory_metrics
 
 __all__ = ["GRPOTrainer"]
 
@@ -147,36 +148,34 @@ class GRPOTrainer:
 
         `refill()` gives more states for dynamic sampling (default: `states` again).
         """
-        start = time.perf_counter()
-        local, metrics = self._collect(states, refill)  # this process's samples
-        sampled = time.perf_counter()
+        timer = StepTimer()
+        local, metrics = self._collect(states, refill, timer)  # this process's samples
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
         self._check_on_policy(len(rewards))
         advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
-        advantage_time = time.perf_counter() - sampled
         skip_zero = self._skips_zero_advantage()
         counts = loss_token_counts(self.policy, local)  # (n,) None: unknown until scored
         if counts is None or not self._old_pass_redundant(len(rewards)):
             rows = self._informative_rows(advantages, local.num_samples) if skip_zero else None
-            local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
+            with timer.phase("old_logprobs"):
+                local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
             counts = loss_token_counts(self.policy, local) if counts is None else counts
         tokens = self.parallel.gather(counts)  # (N,)
         metrics.update(rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
         metrics.update(loss_token_frac(advantages, tokens))
         metrics.setdefault("reward/sampled_mean", metrics["reward/mean"])  # no group set aside
-        metrics["collection_time"] = time.perf_counter() - start - advantage_time
-        metrics["advantage_time"] = advantage_time
 
         self.policy.train()
         totals: dict[str, float] = defaultdict(float)
         for epoch in range(self.config.num_epochs_per_update):
-            epoch_means = self._run_epoch(local, advantages, tokens, totals, skip_zero)
+            epoch_means = self._run_epoch(local, advantages, tokens, totals, skip_zero, timer)
             metrics.update({f"epoch_{epoch}_{k}": epoch_means.get(k, 0.0) for k in EPOCH_KEYS})
             self.epoch_count += 1
         metrics.update(step_summary(totals))
 
         self.step_count += 1
         self._maybe_refresh_reference()
+        metrics.update({**timer.metrics(self.parallel), **memory_metrics()})
         if math.isfinite(metrics["step_loss"]):
             self.best_loss = min(self.best_loss, metrics["step_loss"])
         self.history.append(metrics)
@@ -196,13 +195,13 @@ class GRPOTrainer:
             )
 
     def _collect(
-        self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None
+        self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None, timer: StepTimer
     ) -> tuple[Rollout, dict[str, float]]:
         """This process's samples of the step: one round, or dynamic sampling's rounds."""
-        sample = partial(sample_rollout, self.policy, self.reward_model, G=self.config.group_size)
+        G = self.config.group_size
+        sample = partial(sample_rollout, self.policy, self.reward_model, G=G, timer=timer)
         if not self.config.dynamic_sampling:
             return sample(self.parallel.shard_states(states)), {}
-        G = self.config.group_size
         return fill_informative(
             sample, states, refill or (lambda: states), self.parallel,
             partial(self.advantage_estimator.from_rewards, group_size=G),
@@ -243,6 +242,7 @@ class GRPOTrainer:
         tokens: Tensor,
         totals: dict[str, float],
         skip_zero: bool,
+        timer: StepTimer,
     ) -> dict[str, float]:
         """One pass over shuffled mini-batches; returns the epoch's means over the samples."""
         windows = optimizer_windows(
@@ -253,13 +253,15 @@ class GRPOTrainer:
             finite = True
             self.optimizer.zero_grad(set_to_none=True)
             for k, mb in enumerate(window):
-                loss_dict = self._backward(mb, sync=k == len(window) - 1)
+                with timer.phase("loss_backward"):
+                    loss_dict = self._backward(mb, sync=k == len(window) - 1)
                 finite = finite and bool(torch.isfinite(loss_dict["total_loss"]))
                 if mb.scale:  # shares weighted by the window's size, means by the samples'
                     n = mb.samples.num_samples
                     distributed.accumulate_metrics(sums, loss_dict, n, mb.counts.num_sequences)
                     sums["scored"] += n
-            self._optimizer_step(self.parallel.all_true(finite), totals, backward=bool(window))
+            with timer.phase("optimizer"):
+                self._optimizer_step(self.parallel.all_true(finite), totals, bool(window))
         sums = self.parallel.sum_metrics(sums)
         N, scored = len(advantages), sums.pop("scored", 0.0)
         totals["samples"] += N

@@ -46,6 +46,10 @@ REJECTED = [
         "rollout.engine: got 'sglang'; allowed: transformers, lean, vllm",
     ),
     ("rollout: {vllm: {tis_cap: 0.5}}", "rollout.vllm.tis_cap: got 0.5"),
+    ("task: {rewards: {correct: 3}}", "task.rewards.correct: got 3; allowed: a string"),
+    ("task: {rewards: {correct: nocolon}}", "task.rewards.correct: function: got 'nocolon'"),
+    ("task: {rewards: [{function: nocolon}]}", "task.rewards\\[0\\]: function: got 'nocolon'"),
+    ("task: {rewards: 3}", "task.rewards: got 3; allowed: a list of .* or a mapping"),
     ("grpo: {learning_rate: 0.001}", "grpo.learning_rate: .* set schedule.learning_rate"),
     (
         "policy: {chunked_output_layer: true}\ndistributed: {strategy: fsdp2}",
@@ -139,3 +143,25 @@ def test_interpolation_is_resolved(tmp_path):
         base(tmp_path, "grpo: {group_size: 6, batch_size: '${grpo.group_size}'}")
     )
     assert values["grpo"]["batch_size"] == 6
+
+
+def test_rewards_mapping_is_the_list_of_named_functions_of_weight_1(tmp_path):
+    """task.rewards {name: function} loads as [{function, weight: 1, name}], in order."""
+    from grpo.cli.tasks import _reward_functions
+    from grpo.run.config import RewardSpec
+
+    (tmp_path / "rewards.py").write_text(
+        "def correct(prompts, completions, **columns):\n    return [1.0] * len(completions)\n"
+    )
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1="}\n')
+    fn = f"{tmp_path / 'rewards.py'}:correct"
+    task = f"task: {{name: prompts, train_file: {tmp_path / 'train.jsonl'}, rewards: "
+    mapping = load_config(base(tmp_path, task + f"{{right: '{fn}', also: '{fn}'}}}}"))
+    entries = f"[{{function: '{fn}', name: right}}, {{function: '{fn}', name: also}}]"
+    listed = load_config(base(tmp_path, task + entries + "}"))
+    expected = [RewardSpec(fn, 1.0, "right"), RewardSpec(fn, 1.0, "also")]
+    assert mapping.task.rewards == listed.task.rewards == expected
+    reward = _reward_functions(mapping.task.rewards)
+    assert reward.weights == {"right": 1.0, "also": 1.0}
+    again = load_config(write(tmp_path, resolved_yaml(mapping), "resolved.yaml"))
+    assert again.task.rewards == expected  # a run directory's config.yaml holds the list form

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,9 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from grpo.step.timing import PHASES
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO_MODEL = REPO / "grpo" / "assets" / "arith-tiny"
-TIMING = ("collection_time", "advantage_time")
+MEASURED = ("time/", "throughput/", "memory/")  # wall time and memory: never reproducible
 
 SMALL = f"""
 model: {{path: {DEMO_MODEL}, device: cpu}}
@@ -52,7 +55,8 @@ def config_file(tmp_path: Path, text: str = SMALL) -> str:
 
 def metrics(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+    rows = [{k: v for k, v in row.items() if not k.startswith(MEASURED)} for row in rows]
+    return [row for row in rows if set(row) != {"step"}]  # a checkpoint's time: measured only
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -93,6 +97,28 @@ def test_a_run_writes_every_file_of_its_directory(finished_run):
     assert summary["steps"] == 6 and "eval/greedy/accuracy" in summary["after"]
     assert "held-out evaluation" in out.stdout and "eval/greedy/accuracy" in out.stdout
     assert "step 6/6" in out.stderr  # plain progress lines off a terminal
+
+
+def test_a_run_logs_time_throughput_and_memory_and_says_where_it_writes(finished_run):
+    """Every step row has its time by phase (summing to time/step), throughput and memory;
+    evaluations and checkpoints have their times; the first line names the run directory."""
+    run, out = finished_run
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    phases = [f"time/{p}" for p in PHASES] + ["time/other"]
+    for row in steps:
+        assert sum(row[k] for k in phases) == pytest.approx(row["time/step"], rel=1e-9)
+        assert min(row[k] for k in phases[:-1]) >= 0 and row["time/sampling"] > 0
+        tokens = row["throughput/tokens_per_s"] * row["time/step"]  # 16 completions, <= 4 tokens
+        assert 16 <= tokens <= 64 + 1e-6
+        assert row["throughput/samples_per_s"] * row["time/step"] == pytest.approx(16)
+        assert 0 < row["memory/rss_gib"] <= row["memory/peak_rss_gib"]
+    assert [r["step"] for r in rows if "time/eval" in r] == [0, 3, 6]
+    assert [r["step"] for r in rows if "time/checkpoint" in r] == [2, 4, 6]
+    lines = out.stderr.splitlines()
+    header = f"run directory {run}; watch it with: tensorboard --logdir {run / 'tensorboard'}"
+    assert lines.index(header) < min(i for i, line in enumerate(lines) if line.startswith("step "))
+    assert re.search(r"step 6/6 .* s/step \d+ tokens/s", out.stderr)
 
 
 def test_the_same_seed_writes_identical_metrics_and_weights(finished_run, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo.run.metrics import JsonlLogger, MultiLogger, NullLogger, ProgressLogger, scalar_metrics
-from grpo.run.plots import plot_run, read_metrics
+from grpo.run.plots import TIME_KEYS, phase_series, plot_run, read_metrics
 
 
 def test_scalar_metrics_keeps_numbers_only():
@@ -43,6 +43,19 @@ def test_progress_plain_lines_when_not_a_terminal():
     assert "reward=0.4" in lines[-1]
 
 
+def test_progress_line_shows_seconds_per_step_and_tokens_per_second_after_the_header():
+    """The header comes first; a step's line ends with s/step and tokens/s; a checkpoint's
+    time record adds no line."""
+    stream = io.StringIO()
+    progress = ProgressLogger(total_steps=2, stream=stream, header="run directory runs/x")
+    progress.log({"reward/mean": 0.5, "time/step": 0.125, "throughput/tokens_per_s": 1234.4}, 1)
+    progress.log({"time/checkpoint": 3.0}, 1)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "run directory runs/x"
+    assert lines[1].startswith("step 1/2 reward=0.5 0.125 s/step 1234 tokens/s elapsed ")
+    assert len(lines) == 2
+
+
 def test_multi_logger_fans_out(tmp_path):
     """MultiLogger writes the same row to every sink."""
     a, b = JsonlLogger(tmp_path / "a.jsonl"), JsonlLogger(tmp_path / "b.jsonl")
@@ -63,6 +76,26 @@ def test_plot_run_writes_png(tmp_path):
     for step in range(1, 4):
         logger.log({"reward/mean": step * 0.1, "kl/mean": 0.01 * step}, step)
     logger.close()
+    out = plot_run(tmp_path / "m.jsonl", tmp_path / "plot.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_time_panel_stacks_the_phases_of_the_steps_that_logged_them(tmp_path):
+    """The time panel's layers are the phases and time/other, from step rows only (not the
+    evaluation or checkpoint rows of the same step), and their sum is time/step."""
+    pytest.importorskip("matplotlib")
+    logger = JsonlLogger(tmp_path / "m.jsonl")
+    for step in (1, 2):
+        phases = {key: 0.5 * step for key in TIME_KEYS}
+        logger.log({"reward/mean": 0.1, **phases, "time/step": 0.5 * step * len(TIME_KEYS)}, step)
+        logger.log({"eval/greedy/accuracy": 0.5, "time/eval": 9.0}, step)
+        logger.log({"time/checkpoint": 7.0}, step)
+    logger.close()
+    rows = read_metrics(tmp_path / "m.jsonl")
+    steps, series = phase_series(rows, TIME_KEYS)
+    assert steps == [1, 2] and list(series) == list(TIME_KEYS)
+    step_times = [r["time/step"] for r in rows if "time/step" in r]
+    assert [sum(values) for values in zip(*series.values(), strict=True)] == step_times
     out = plot_run(tmp_path / "m.jsonl", tmp_path / "plot.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

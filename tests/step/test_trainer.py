@@ -20,8 +20,12 @@ SEED_KEYS = [
     "advantage_mean",
     "advantage_std",
     "total_samples",
-    "collection_time",
-    "advantage_time",
+    # seed 004's collection_time and advantage_time, as the step's phases
+    "time/step",
+    "time/sampling",
+    "time/rewards",
+    "time/old_logprobs",
+    "time/other",
 ]
 
 

@@ -22,9 +22,9 @@ from typing import Any
 from torch import nn
 
 from grpo.lm.engines.base import RolloutEngine, Samples
-from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.engines.lean import LeanEngine
 from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
+from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.engines.vllm import VLLMEngine
 
 __all__ = [

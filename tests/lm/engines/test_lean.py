@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, MistralConfig
 from grpo.config import GRPOConfig
 from grpo.functional.sampling import choose_tokens
 from grpo.lm.engines import RolloutSettings
-from grpo.lm.engines.transformers import sample_token_ids
 from grpo.lm.engines.lean import LeanDecoder, LeanEngine
+from grpo.lm.engines.transformers import sample_token_ids
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings, left_pad, split_completion

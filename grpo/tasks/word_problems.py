@@ -131,19 +131,19 @@ EXAMPLE_SOLUTION = (
 class WordProblemsConfig:
     """Mix and difficulty of the generated problems."""
 
-    operation_weights: tuple[float, ...] = (0.4, 0.35, 0.25)
+    operation_weights: tuple[float, ...] = (0.5, 0.3, 0.2)
     """Relative frequency of problems with 1, 2, 3, ... operations (one weight per count)."""
     operators: tuple[str, ...] = OPERATORS
     """Operators drawn uniformly for each step, from "+", "-", "*", "/"."""
-    max_start: int = 20
+    max_start: int = 10
     """The starting count is uniform over [2, max_start]."""
-    max_addend: int = 20
+    max_addend: int = 10
     """A "+" adds, and a "-" removes, between 2 and this many (never reaching 0)."""
-    max_factor: int = 5
+    max_factor: int = 3
     """A "*" multiplies, and a "/" divides exactly, by 2 to this number."""
-    max_value: int = 200
+    max_value: int = 100
     """No count along the way exceeds this."""
-    held_out_fraction: float = 0.1
+    held_out_fraction: float = 0.2
     """Share of all equations reserved for the held-out splits (chosen by a hash)."""
     worked_example: bool = True
     """Put one worked example (a user turn and its answer) before the problem."""

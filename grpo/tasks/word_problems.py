@@ -43,22 +43,10 @@ from typing import Any
 from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
-    "ANSWER_CHECKS",
-    "HELD_OUT_TEMPLATES",
-    "OPERATORS",
-    "SPLITS",
-    "TEMPLATES",
-    "Problem",
-    "WordProblemsConfig",
-    "answer_format",
-    "breakdown",
-    "correct",
-    "correct_strict",
-    "final_number",
-    "generate_dataset",
-    "math_verified",
-    "stated_answer",
-]
+    "ANSWER_CHECKS", "HELD_OUT_TEMPLATES", "OPERATORS", "SPLITS", "TEMPLATES", "Problem",
+    "WordProblemsConfig", "answer_format", "breakdown", "correct", "correct_strict",
+    "final_number", "generate_dataset", "math_verified", "messages", "stated_answer",
+]  # fmt: skip
 
 OPERATORS = ("+", "-", "*", "/")
 SPLITS = ("train", "heldout_numbers", "heldout_phrasings")

@@ -1,8 +1,9 @@
 """Tasks for `grpo train`: each builds the policy, reward, training states and evaluation.
 
 `TASKS` maps a `task.name` to a builder `RunConfig -> TaskParts`:
-- "arithmetic", "chess": single-turn text tasks from `grpo.tasks` (seeded train
-  and held-out splits, exact rewards, accuracy or reward as the headline);
+- "arithmetic", "chess", "word_problems": single-turn text tasks from `grpo.tasks`
+  (seeded train and held-out splits, exact rewards, accuracy or reward as the headline;
+  word problems are held out twice, by numbers and by phrasing, each evaluated apart);
 - "guess_number": a multi-turn game played through `grpo.envs` (the policy's
   actions are whole episodes);
 - "prompts": your JSONL prompt files and reward functions named by import path.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,6 +73,97 @@ def _chess(config: RunConfig) -> TaskParts:
     reward = TextReward({"chess_moves": chess.make_reward(settings)})
     headline = tuple(f"eval/{mode}/reward_mean" for mode in config.evaluation.modes)
     return text_parts(config, load_policy(config), reward, train, held, None, headline)
+
+
+def _word_problems(config: RunConfig) -> TaskParts:
+    from grpo.rewards.combine import TextReward
+    from grpo.tasks import word_problems as wp
+
+    t = config.task
+    settings, extra = _options(wp.WordProblemsConfig, t.options, ("answer_check", "format_weight"))
+    check_name = extra.get("answer_check", "integer")
+    if check_name not in wp.ANSWER_CHECKS:
+        raise ConfigError(
+            f"task.options.answer_check: got {check_name!r}; allowed: {', '.join(wp.ANSWER_CHECKS)}"
+        )
+    if check_name == "math_verify" and importlib.util.find_spec("math_verify") is None:
+        raise ConfigError(
+            "task.options.answer_check: math_verify needs the math-verify package: "
+            "pip install 'grpo[math]' (or use answer_check: integer)"
+        )
+    check = wp.ANSWER_CHECKS[check_name]
+    format_weight = extra.get("format_weight", 0.1)
+    if isinstance(format_weight, bool) or not isinstance(format_weight, (int, float)):
+        raise ConfigError(f"task.options.format_weight: got {format_weight!r}; allowed: a number")
+    functions, weights = {"correct": check}, [1.0]
+    if format_weight:
+        functions["answer_format"], weights = wp.answer_format, [1.0, float(format_weight)]
+    reward = TextReward(functions, weights)
+    train = wp.generate_dataset(t.train_size, split="train", seed=t.seed, config=settings)
+    held = {
+        split: wp.generate_dataset(t.eval_size, split=split, seed=0, config=settings)
+        for split in wp.SPLITS[1:]
+    }
+    # both held-out splits checked (columns, prompt lengths) as one set, evaluated separately
+    every_held = [row for rows in held.values() for row in rows]
+    parts = text_parts(config, load_policy(config), reward, train, every_held, check, ())
+    modes = config.evaluation.modes
+    headline = tuple(
+        f"eval/{split}{mode}/{key}"
+        for mode in modes
+        for split in ("", "heldout_numbers/", "heldout_phrasings/")
+        for key in ("accuracy", "accuracy_strict")
+    )
+    evaluate = _split_evaluation(config, parts.policy, reward, held, check, wp.breakdown)
+    return dataclasses.replace(parts, evaluate=evaluate if t.eval_size else None, headline=headline)
+
+
+def _split_evaluation(config, policy, reward, held, accuracy, breakdown) -> Callable:
+    """An evaluator over several named held-out sets: "eval/<split>/<mode>/..." for each, and
+    all of them pooled under "eval/<mode>/..." (`_pooled`)."""
+    from grpo.run.evaluation import evaluate
+
+    e = config.evaluation
+
+    def run_evaluation():
+        metrics: dict[str, float] = {}
+        samples: list[dict] = []
+        for split, rows in held.items():
+            found, shown = evaluate(
+                policy, rows, reward, accuracy=accuracy, modes=e.modes,
+                samples_per_prompt=e.samples_per_prompt, batch_size=e.batch_size,
+                num_logged_samples=e.num_logged_samples, breakdown=breakdown,
+            )  # fmt: skip
+            metrics |= {f"eval/{split}/{k.removeprefix('eval/')}": v for k, v in found.items()}
+            samples += [{"split": split, **sample} for sample in shown]
+        metrics |= _pooled(metrics, {split: len(rows) for split, rows in held.items()})
+        return metrics, samples
+
+    return run_evaluation
+
+
+def _pooled(metrics: dict[str, float], sizes: dict[str, int]) -> dict[str, float]:
+    """"eval/<split>/<mode>/<key>" of every split -> "eval/<mode>/<key>" of all together: a mean
+    weighted by problems (a "..._opsK" key by that split's num_problems_opsK), counts summed."""
+    pooled: dict[str, float] = {}
+    keys = {k.split("/", 2)[2] for k in metrics if k.split("/")[1] in sizes}
+    for key in sorted(keys):
+        found = [(s, metrics.get(f"eval/{s}/{key}")) for s in sizes]
+        found = [(s, v) for s, v in found if v is not None]
+        mode, _, name = key.partition("/")
+        ops = re.search(r"_ops\d+$", name)
+        if name.startswith("num_problems"):
+            pooled[f"eval/{key}"] = sum(v for _, v in found)
+            continue
+        if name.endswith("/std"):
+            continue  # a spread does not pool as a mean
+        weights = [
+            metrics[f"eval/{s}/{mode}/num_problems{ops.group()}"] if ops else sizes[s]
+            for s, _ in found
+        ]
+        total = sum(weights)
+        pooled[f"eval/{key}"] = sum(w * v for w, (_, v) in zip(weights, found, strict=True)) / total
+    return pooled
 
 
 def _guess_number(config: RunConfig) -> TaskParts:
@@ -139,6 +232,7 @@ TASKS: dict[str, Callable[[RunConfig], TaskParts]] = {
     "chess": _chess,
     "guess_number": _guess_number,
     "prompts": _prompts,
+    "word_problems": _word_problems,
 }
 
 

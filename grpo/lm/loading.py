@@ -82,7 +82,7 @@ def load_model_and_tokenizer(
     """`AutoModelForCausalLM` and `AutoTokenizer` from one folder (or hub id)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))  # a config may say ~/...
     if dtype not in DTYPES:
         raise ValueError(f"dtype: got {dtype!r}; allowed: {', '.join(DTYPES)}")
     if _looks_local(path) and not Path(path).expanduser().exists():

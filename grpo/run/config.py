@@ -93,18 +93,21 @@ class TaskConfig:
     """What the policy learns: a built-in task, your own prompts, or your own task factory."""
 
     name: str = "arithmetic"
-    """arithmetic, chess or guess_number (built in); prompts (your JSONL files and reward
-    functions); or "module:function" / "file.py:function" returning a `grpo.run.parts.TaskParts`."""
+    """arithmetic, chess, guess_number or word_problems (built in); prompts (your JSONL files
+    and reward functions); or "module:function" / "file.py:function" returning a
+    `grpo.run.parts.TaskParts`."""
     train_size: int = 4000
     """Training prompts (or games) drawn from a built-in task's train split."""
     eval_size: int = 200
-    """Held-out prompts (or games) evaluated at the start, every evaluation.every steps and the end."""
+    """Held-out prompts (or games) evaluated at the start, every evaluation.every steps and the end
+    (word_problems: this many in each of its two held-out splits)."""
     seed: int = 0
     """Seed of the built-in task's dataset draws (the held-out split never depends on it)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Task settings: ArithmeticConfig fields (arithmetic), ChessRewardConfig fields plus
-    min_plies/max_plies (chess), GuessNumberConfig fields plus max_turns (guess_number), or
-    anything a custom task factory reads."""
+    min_plies/max_plies (chess), GuessNumberConfig fields plus max_turns (guess_number),
+    WordProblemsConfig fields plus answer_check and format_weight (word_problems), or anything
+    a custom task factory reads."""
     train_file: str | None = None
     """prompts task: JSONL file of training rows {"prompt": ..., other columns}."""
     eval_file: str | None = None

@@ -23,7 +23,7 @@ from grpo.run.structured import ConfigError, from_dict, to_dict
 
 __all__ = ["BUILTIN_TASKS", "RUN_DEFAULTS", "load_config", "merged_values", "resolved_yaml"]
 
-BUILTIN_TASKS = ("arithmetic", "chess", "guess_number", "prompts")
+BUILTIN_TASKS = ("arithmetic", "chess", "guess_number", "word_problems", "prompts")
 
 RUN_DEFAULTS = {
     "seed": 0,

@@ -63,8 +63,10 @@ def evaluate(
     samples_per_prompt: int = 1,
     batch_size: int = 32,
     num_logged_samples: int = 3,
+    breakdown: Callable[[list[Mapping[str, Any]], list[str]], Mapping[str, float]] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Metrics {"eval/<mode>/reward_mean", ...} and up to `num_logged_samples` samples per mode."""
+    """Metrics {"eval/<mode>/reward_mean", ...} and up to `num_logged_samples` samples per mode;
+    `breakdown(states, completion texts)` adds a task's own metrics under "eval/<mode>/"."""
     if not prompts:
         raise ValueError("prompts is empty; evaluation needs at least one held-out prompt")
     for mode in modes:
@@ -89,6 +91,9 @@ def evaluate(
             _, values = judge.score(states, actions)
             scored = [v for v in values["accuracy"] if v is not None]
             metrics[f"{prefix}/accuracy"] = sum(scored) / len(scored) if scored else float("nan")
+        if breakdown is not None:
+            texts = [getattr(a, "text", a) for a in actions]
+            metrics.update({f"{prefix}/{k}": v for k, v in breakdown(states, texts).items()})
         for n in range(0, min(num_logged_samples * k, len(actions)), k):
             samples.append(
                 {

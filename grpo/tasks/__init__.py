@@ -1,5 +1,5 @@
 """Built-in tasks: seeded dataset generators, rewards and evaluations (`arithmetic`, `chess`,
-`guess_number`), and the two helpers the generators share."""
+`guess_number`, `word_problems`), and the two helpers the generators share."""
 
 from __future__ import annotations
 

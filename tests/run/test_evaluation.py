@@ -89,3 +89,19 @@ def test_bad_arguments_are_rejected(policy):
         evaluate(policy, PROMPTS, reward, modes=("beam",))
     with pytest.raises(ValueError, match="samples_per_prompt: got 0"):
         evaluate(policy, PROMPTS, reward, samples_per_prompt=0)
+
+
+def test_breakdown_sees_every_state_and_completion_text(policy):
+    """`breakdown` gets the states and greedy texts in order; its metrics land under the mode."""
+    seen = []
+
+    def breakdown(states, texts):
+        seen.append((list(states), list(texts)))
+        return {"chars": float(sum(map(len, texts)))}
+
+    metrics, _ = evaluate(
+        policy, PROMPTS, TextReward([length]), modes=("greedy",), breakdown=breakdown
+    )
+    texts = [g[0].text for g in policy.generate_actions(PROMPTS, 1, do_sample=False)]
+    assert seen == [(PROMPTS, texts)]
+    assert metrics["eval/greedy/chars"] == float(sum(map(len, texts)))

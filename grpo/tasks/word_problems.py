@@ -1,0 +1,395 @@
+"""Built-in word-problem task: seeded grade-school stories, held out twice, checked by value.
+
+A problem is a short story about one person's collection: it starts with a
+count, then one to three operations change it (+ buys or is given, - gives
+away or loses, x "n times as many", / "keeps one of n equal groups"), then a
+question asks for the final count. Every value along the way is a positive
+integer. Each sentence kind has several phrasings (`TEMPLATES`); the last
+phrasing of every kind is held out (`HELD_OUT_TEMPLATES`) and training never
+sees it. The prompt is a list of chat messages (an instruction, one worked
+example, the problem), so a chat model reads it through its chat template.
+
+Three splits:
+- "train": training phrasings, equations whose hash falls in the train share;
+- "heldout_numbers": training phrasings, equations whose hash falls in the
+  held-out share (an equation is the start value and the operations, so the
+  same numbers never reach training under any name, object or phrasing);
+- "heldout_phrasings": held-out equations told only with held-out phrasings.
+The two held-out splits share their equations' distribution, so the gap
+between them is the phrasing alone.
+
+Rewards follow the library's contract ``reward(prompts, completions, **columns)``
+and read the ``answer`` column (an integer as text):
+- `correct`: the final number of the completion equals the answer (lenient:
+  any wording, the last number counts); `math_verified` does the same with
+  math-verify (``pip install 'grpo[math]'``);
+- `answer_format`: the completion states "Answer: N" with an integer N (the
+  small format reward);
+- `correct_strict`: the stated "Answer: N" is the answer (for evaluation).
+A model cannot raise `correct` by learning the format alone, and `breakdown`
+reports strict and lenient accuracy side by side, by number of operations.
+
+Importing this module pulls in nothing heavier than the standard library.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grpo.tasks import draw_distinct, hash_split
+
+__all__ = [
+    "ANSWER_CHECKS", "HELD_OUT_TEMPLATES", "OPERATORS", "SPLITS", "TEMPLATES", "Problem",
+    "WordProblemsConfig", "answer_format", "breakdown", "correct", "correct_strict",
+    "final_number", "generate_dataset", "math_verified", "messages", "stated_answer",
+]  # fmt: skip
+
+OPERATORS = ("+", "-", "*", "/")
+SPLITS = ("train", "heldout_numbers", "heldout_phrasings")
+
+# Sentence kinds: "start", one per operator, "question". Fields: {name}, {other}, {objects}, {n}.
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "start": (
+        "{name} has {n} {objects}.",
+        "{name} starts the day with {n} {objects}.",
+        "There are {n} {objects} in {name}'s bag.",
+    ),
+    "+": (
+        "{name} buys {n} more {objects}.",
+        "{other} gives {name} {n} {objects}.",
+        "Then {name} finds {n} more {objects}.",
+        "{name}'s collection grows by {n} {objects}.",
+    ),
+    "-": (
+        "{name} gives {n} {objects} to {other}.",
+        "{name} loses {n} {objects}.",
+        "Then {name} sells {n} of the {objects}.",
+        "{other} takes {n} {objects} away from {name}.",
+    ),
+    "*": (
+        "{name} ends up with {n} times as many {objects} as before.",
+        "Then the number of {objects} {name} has becomes {n} times larger.",
+        "{name} trades each of the {objects} for {n} new ones.",
+        "{name} multiplies the pile of {objects} by {n}.",
+    ),
+    "/": (
+        "{name} splits the {objects} into {n} equal groups and keeps one group.",
+        "{name} keeps only one out of every {n} {objects}.",
+        "Then {name} divides the {objects} equally among {n} boxes and keeps one box.",
+        "{name} shares the {objects} equally between {n} people, {name} included, and keeps "
+        "one share.",
+    ),
+    "question": (
+        "How many {objects} does {name} have now?",
+        "How many {objects} does {name} have at the end?",
+        "What is the final number of {objects} that {name} owns?",
+    ),
+}
+HELD_OUT_TEMPLATES = 1
+"""The last this many phrasings of every sentence kind belong to "heldout_phrasings" only."""
+
+NAMES = (
+    "Ava", "Ben", "Chloe", "Daniel", "Emma", "Felix", "Grace", "Hugo", "Isla", "Jack",
+    "Lena", "Leo", "Maya", "Noah", "Olivia", "Omar", "Priya", "Ravi", "Sofia", "Tom",
+)  # fmt: skip
+OBJECTS = (
+    "apples", "marbles", "stickers", "pencils", "cookies", "books", "coins", "shells",
+    "cards", "beads", "stamps", "balloons", "crayons", "buttons", "toy cars", "oranges",
+)  # fmt: skip
+
+INSTRUCTION = (
+    "Solve the math word problem. Work it out step by step, then write the final answer "
+    "on the last line as 'Answer: N', where N is a whole number."
+)
+EXAMPLE_PROBLEM = (
+    "Mia has 5 stickers. Mia buys 3 more stickers. Then Mia sells 2 of the stickers. "
+    "How many stickers does Mia have now?"
+)
+EXAMPLE_SOLUTION = (
+    "Mia starts with 5 stickers. After buying 3 more she has 5 + 3 = 8. "
+    "After selling 2 she has 8 - 2 = 6.\nAnswer: 6"
+)
+
+
+@dataclass(frozen=True)
+class WordProblemsConfig:
+    """Mix and difficulty of the generated problems."""
+
+    operation_weights: tuple[float, ...] = (0.5, 0.3, 0.2)
+    """Relative frequency of problems with 1, 2, 3, ... operations (one weight per count)."""
+    operators: tuple[str, ...] = OPERATORS
+    """Operators drawn uniformly for each step, from "+", "-", "*", "/"."""
+    max_start: int = 10
+    """The starting count is uniform over [2, max_start]."""
+    max_addend: int = 10
+    """A "+" adds, and a "-" removes, between 2 and this many (never reaching 0)."""
+    max_factor: int = 3
+    """A "*" multiplies, and a "/" divides exactly, by 2 to this number."""
+    max_value: int = 100
+    """No count along the way exceeds this."""
+    held_out_fraction: float = 0.2
+    """Share of all equations reserved for the held-out splits (chosen by a hash)."""
+    worked_example: bool = True
+    """Put one worked example (a user turn and its answer) before the problem."""
+
+    def __post_init__(self) -> None:
+        weights = tuple(self.operation_weights)
+        if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(
+                f"operation_weights must be non-negative with a positive sum, got {weights!r}"
+            )
+        object.__setattr__(self, "operation_weights", weights)
+        ops = tuple(self.operators)
+        if not ops or any(op not in OPERATORS for op in ops):
+            raise ValueError(f"operators must be a non-empty subset of {OPERATORS}, got {ops!r}")
+        object.__setattr__(self, "operators", ops)
+        for name, low in (("max_start", 2), ("max_addend", 1), ("max_factor", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(self.max_value, int) or self.max_value < self.max_start:
+            raise ValueError(f"max_value must be an integer >= max_start, got {self.max_value!r}")
+        if not 0.0 < self.held_out_fraction < 1.0:
+            raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction!r}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem's structure; its text and answer follow from it."""
+
+    start: int
+    steps: tuple[tuple[str, int], ...]  # (operator, number) applied in order
+    phrasings: tuple[int, ...]  # template index: start, one per step, question
+    name: str
+    other: str
+    objects: str
+
+    @property
+    def equation(self) -> str:
+        """The numbers alone, e.g. "7+5*3" applied left to right: what the split hashes."""
+        return str(self.start) + "".join(f"{op}{n}" for op, n in self.steps)
+
+    @property
+    def answer(self) -> int:
+        value = self.start
+        for op, n in self.steps:
+            value = _apply(op, value, n)
+        return value
+
+    @property
+    def text(self) -> str:
+        kinds = ["start", *(op for op, _ in self.steps), "question"]
+        numbers = [self.start, *(n for _, n in self.steps), 0]
+        fields = {"name": self.name, "other": self.other, "objects": self.objects}
+        return " ".join(
+            TEMPLATES[kind][i].format(n=n, **fields)
+            for kind, i, n in zip(kinds, self.phrasings, numbers, strict=True)
+        )
+
+
+def _apply(op: str, value: int, n: int) -> int:
+    if op == "/":
+        assert value % n == 0, "division steps are drawn exact"
+        return value // n
+    return {"+": value + n, "-": value - n, "*": value * n}[op]
+
+
+def _phrasings(kind: str, split: str) -> range:
+    """Template indices of a sentence kind that `split` may use."""
+    total = len(TEMPLATES[kind])
+    cut = total - HELD_OUT_TEMPLATES
+    return range(cut, total) if split == "heldout_phrasings" else range(cut)
+
+
+def _draw_step(
+    rng: random.Random, value: int, config: WordProblemsConfig
+) -> tuple[str, int] | None:
+    """One (operator, number) keeping the count a positive integer <= max_value; None = retry."""
+    op = rng.choice(config.operators)
+    if op == "+":
+        n = rng.randint(2, config.max_addend)
+    elif op == "-":
+        if value < 3:
+            return None
+        n = rng.randint(2, min(config.max_addend, value - 1))
+    else:
+        n = rng.randint(2, config.max_factor)
+        if op == "/" and value % n:
+            return None
+    return (op, n) if _apply(op, value, n) <= config.max_value else None
+
+
+def _draw_problem(rng: random.Random, config: WordProblemsConfig, split: str) -> Problem | None:
+    count = rng.choices(range(1, len(config.operation_weights) + 1), config.operation_weights)[0]
+    value = start = rng.randint(2, config.max_start)
+    steps = []
+    for _ in range(count):
+        # a few tries per step, so that the operation counts keep their weights
+        step = next(filter(None, (_draw_step(rng, value, config) for _ in range(20))), None)
+        if step is None:
+            return None
+        steps.append(step)
+        value = _apply(step[0], value, step[1])
+    kinds = ["start", *(op for op, _ in steps), "question"]
+    name, other = rng.sample(NAMES, 2)
+    phrasings = tuple(rng.choice(_phrasings(kind, split)) for kind in kinds)
+    return Problem(start, tuple(steps), phrasings, name, other, rng.choice(OBJECTS))
+
+
+def messages(problem_text: str, worked_example: bool = True) -> list[dict[str, str]]:
+    """The chat prompt: the instruction, optionally one worked example, then the problem."""
+    turns = [{"role": "system", "content": INSTRUCTION}]
+    if worked_example:
+        turns += [
+            {"role": "user", "content": EXAMPLE_PROBLEM},
+            {"role": "assistant", "content": EXAMPLE_SOLUTION},
+        ]
+    return [*turns, {"role": "user", "content": problem_text}]
+
+
+def generate_dataset(
+    num_problems: int,
+    *,
+    split: str = "train",
+    seed: int = 0,
+    config: WordProblemsConfig | None = None,
+) -> list[dict[str, Any]]:
+    """`num_problems` distinct rows ``{"prompt", "answer", "operations", "equation"}`` of
+    `split`, the same for the same seed; a ValueError says when the split has too few
+    distinct problems."""
+    config = config or WordProblemsConfig()
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 0:
+        raise ValueError(f"num_problems must be a non-negative integer, got {num_problems!r}")
+    rng = random.Random(f"word_problems/{split}/{seed}")  # str seeds hash stably across runs
+    equations = "train" if split == "train" else "held_out"
+    drawn: dict[str, Problem] = {}
+
+    def draw() -> str | None:
+        problem = _draw_problem(rng, config, split)
+        if problem is None or hash_split(problem.equation, config.held_out_fraction) != equations:
+            return None
+        drawn[problem.text] = problem
+        return problem.text
+
+    texts = draw_distinct(
+        num_problems, draw, lambda text: True,
+        shortfall=lambda found: (
+            f"num_problems={num_problems} distinct {split!r} problems could not be drawn "
+            f"(found {found}); raise max_start, max_addend or held_out_fraction"
+        ),
+    )  # fmt: skip
+    return [
+        {
+            "prompt": messages(text, config.worked_example),
+            "answer": str(drawn[text].answer),
+            "operations": len(drawn[text].steps),
+            "equation": drawn[text].equation,
+        }
+        for text in texts
+    ]
+
+
+# ---- rewards: the reward contract, reading the "answer" column ----
+
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+_STATED = re.compile(r"Answer\**:\**\s*\**\s*\$?\s*(-?\d+(?:,\d{3})*)(?![\d.,]*\d)")
+
+
+def _to_int(token: str) -> int | None:
+    """ "1,200" -> 1200, "12.0" -> 12, "12.5" -> None."""
+    whole, _, fraction = token.replace(",", "").partition(".")
+    return int(whole) if not fraction.strip("0") else None
+
+
+def final_number(text: str) -> int | None:
+    """The last number written in `text` as an integer (None: no number, or not whole)."""
+    numbers = _NUMBER.findall(text)
+    return _to_int(numbers[-1]) if numbers else None
+
+
+def stated_answer(text: str) -> int | None:
+    """N of the last "Answer: N" in `text` (N a whole number); None when there is none."""
+    found = _STATED.findall(text)
+    return _to_int(found[-1]) if found else None
+
+
+def _text(completion: Any, index: int) -> str:
+    if not isinstance(completion, str):
+        raise TypeError(f"completions[{index}] must be a str, got {type(completion).__name__}")
+    return completion
+
+
+def _scores(
+    read: Callable[[str], int | None], completions: Sequence[Any], answer: Sequence[Any]
+) -> list[float]:
+    if len(completions) != len(answer):
+        raise ValueError(
+            f"completions and answer must have the same length, got {len(completions)} "
+            f"and {len(answer)}"
+        )
+    return [
+        1.0 if read(_text(c, i)) == int(a) else 0.0
+        for i, (c, a) in enumerate(zip(completions, answer, strict=True))
+    ]
+
+
+def correct(prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **_: Any):
+    """1.0 where the completion's final number equals the answer (lenient), else 0.0."""
+    return _scores(final_number, completions, answer)
+
+
+def correct_strict(
+    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **_: Any
+) -> list[float]:
+    """1.0 where the completion states "Answer: N" and N is the answer, else 0.0."""
+    return _scores(stated_answer, completions, answer)
+
+
+def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
+    """1.0 where the completion states "Answer: N" with a whole number N, right or wrong."""
+    return [float(stated_answer(_text(c, i)) is not None) for i, c in enumerate(completions)]
+
+
+def math_verified(
+    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **_: Any
+) -> list[float]:
+    """1.0 where math-verify finds the completion's answer equal to the answer, else 0.0."""
+    from grpo.rewards.math import math_answer_reward  # layer 2: the math extra
+
+    return [float(s or 0.0) for s in math_answer_reward(prompts, completions, answer)]
+
+
+ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {
+    "integer": correct,
+    "math_verify": math_verified,
+}
+"""How the final answer is checked by value: an exact integer parse, or math-verify."""
+
+
+def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> dict[str, float]:
+    """Evaluation metrics of one completion per row: accuracy (lenient), accuracy_strict,
+    answer_format, and both accuracies per number of operations (accuracy_ops1, ...)."""
+    answers = [row["answer"] for row in rows]
+    lenient = correct([], completions, answers)
+    strict = correct_strict([], completions, answers)
+    metrics = {
+        "accuracy": _mean(lenient),
+        "accuracy_strict": _mean(strict),
+        "answer_format": _mean(answer_format([], completions)),
+    }
+    for count in sorted({row["operations"] for row in rows}):
+        picked = [i for i, row in enumerate(rows) if row["operations"] == count]
+        metrics[f"accuracy_ops{count}"] = _mean([lenient[i] for i in picked])
+        metrics[f"accuracy_strict_ops{count}"] = _mean([strict[i] for i in picked])
+        metrics[f"num_problems_ops{count}"] = float(len(picked))
+    return metrics
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")

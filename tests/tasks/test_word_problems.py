@@ -1,0 +1,256 @@
+"""Tests for grpo.tasks.word_problems: problems, the three splits, value rewards, evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo.cli import main
+from grpo.cli.tasks import build_task
+from grpo.run.config_files import load_config
+from grpo.run.structured import ConfigError
+from grpo.tasks import hash_split
+from grpo.tasks.word_problems import (
+    HELD_OUT_TEMPLATES,
+    SPLITS,
+    TEMPLATES,
+    WordProblemsConfig,
+    answer_format,
+    breakdown,
+    correct,
+    correct_strict,
+    final_number,
+    generate_dataset,
+    stated_answer,
+)
+
+
+def problem_text(row: dict) -> str:
+    return row["prompt"][-1]["content"]
+
+
+def fold(equation: str) -> list[int]:
+    """Every value of "7+5*3/2" applied left to right, written independently of the module."""
+    tokens = re.findall(r"[-+*/]|\d+", equation)
+    values = [int(tokens[0])]
+    for op, number in zip(tokens[1::2], map(int, tokens[2::2]), strict=True):
+        last = values[-1]
+        if op == "/":
+            assert last % number == 0, f"{equation}: {last} / {number} is not whole"
+            values.append(last // number)
+        else:
+            values.append({"+": last + number, "-": last - number, "*": last * number}[op])
+    return values
+
+
+def literal_pieces(template: str) -> list[str]:
+    """The fixed words of a template (its text between the {fields}), longest first."""
+    return sorted((p.strip() for p in re.split(r"\{\w+\}", template) if p.strip()), key=len)[::-1]
+
+
+def test_generation_is_deterministic_per_seed():
+    """The same seed gives the same rows; another seed gives other rows."""
+    for split in SPLITS:
+        first = generate_dataset(30, split=split, seed=3)
+        assert first == generate_dataset(30, split=split, seed=3)
+        assert first != generate_dataset(30, split=split, seed=4)
+
+
+def test_every_answer_is_the_positive_integer_the_story_computes():
+    """The answer is the equation folded left to right; every count is a whole number in
+    [1, max_value]; the story states the equation's numbers in its order."""
+    config = WordProblemsConfig()
+    for split in SPLITS:
+        for row in generate_dataset(150, split=split, seed=1):
+            values = fold(row["equation"])
+            assert int(row["answer"]) == values[-1]
+            assert all(1 <= v <= config.max_value for v in values)
+            numbers = [int(n) for n in re.findall(r"\d+", row["equation"])]
+            assert [int(n) for n in re.findall(r"\d+", problem_text(row))] == numbers
+            assert row["operations"] == len(numbers) - 1
+
+
+def test_held_out_phrasings_never_appear_outside_their_split():
+    """Each held-out template's longest fixed phrase is in no training template, no train or
+    heldout_numbers prompt; every heldout_phrasings prompt opens and asks in held-out words."""
+    held = {kind: texts[-HELD_OUT_TEMPLATES:] for kind, texts in TEMPLATES.items()}
+    training = [t for texts in TEMPLATES.values() for t in texts[:-HELD_OUT_TEMPLATES]]
+    marks = [literal_pieces(t)[0] for texts in held.values() for t in texts]
+    assert not any(mark in t for mark in marks for t in training)
+    for split in ("train", "heldout_numbers"):
+        for row in generate_dataset(200, split=split, seed=0):
+            assert not any(mark in problem_text(row) for mark in marks)
+    for row in generate_dataset(200, split="heldout_phrasings", seed=0):
+        text = problem_text(row)
+        for kind in ("start", "question"):
+            assert any(literal_pieces(t)[0] in text for t in held[kind])
+
+
+def test_hash_split_keeps_training_equations_out_of_both_held_out_splits():
+    """Train equations hash to train, held-out ones to held_out; the sets share no equation."""
+    config = WordProblemsConfig()
+    rows = {split: generate_dataset(300, split=split, seed=2) for split in SPLITS}
+    train = {r["equation"] for r in rows["train"]}
+    assert all(hash_split(e, config.held_out_fraction) == "train" for e in train)
+    for split in SPLITS[1:]:
+        held = {r["equation"] for r in rows[split]}
+        assert all(hash_split(e, config.held_out_fraction) == "held_out" for e in held)
+        assert not train & held
+
+
+def test_operation_weights_set_the_mix():
+    """Weight only on two operations gives only two-operation problems."""
+    config = WordProblemsConfig(operation_weights=(0.0, 1.0))
+    assert {r["operations"] for r in generate_dataset(50, config=config)} == {2}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"operation_weights": (0.0, 0.0)}, "operation_weights"),
+        ({"operators": ("+", "^")}, "operators"),
+        ({"max_factor": 1}, "max_factor"),
+        ({"held_out_fraction": 1.0}, "held_out_fraction"),
+    ],
+)
+def test_bad_settings_name_the_field(options, message):
+    """A setting out of range raises a ValueError that names it."""
+    with pytest.raises(ValueError, match=message):
+        WordProblemsConfig(**options)
+
+
+def test_numbers_are_read_as_whole_numbers():
+    """The final number and the stated answer parse commas and .0; a fraction is no integer."""
+    assert final_number("5 + 3 = 8, so 8 - 2 = 6 apples") == 6
+    assert final_number("that makes 1,200.") == 1200
+    assert final_number("it is 12.0") == 12
+    assert final_number("about 12.5") is None
+    assert final_number("no digits here") is None
+    assert stated_answer("8 - 2 = 6\nAnswer: 6") == 6
+    assert stated_answer("**Answer:** 14 marbles") == 14
+    assert stated_answer("Answer: **-3**") == -3
+    assert stated_answer("Answer: 12.5") is None
+    assert stated_answer("The answer is 6") is None
+
+
+def test_rewards_hand_checked():
+    """Lenient: the last number; strict: the stated answer; format: any stated whole number."""
+    completions = [
+        "5 + 3 = 8.\nAnswer: 8",  # right, stated
+        "She has 8 now.",  # right by value, not stated
+        "Answer: 8. Check: 8 - 3 = 5",  # stated right, but the last number is 5
+        "Answer: 7",  # wrong, stated
+        "I do not know.",  # no number at all
+    ]
+    answers = ["8"] * len(completions)
+    assert correct([], completions, answers) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert correct_strict([], completions, answers) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert answer_format([], completions) == [1.0, 0.0, 1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="same length"):
+        correct([], ["8"], ["8", "9"])
+
+
+def test_breakdown_reports_strict_and_lenient_by_operation_count():
+    """Per-count accuracies are the shares of their own rows, hand-counted."""
+    rows = [
+        {"answer": "3", "operations": 1},
+        {"answer": "4", "operations": 1},
+        {"answer": "5", "operations": 2},
+    ]
+    metrics = breakdown(rows, ["Answer: 3", "so 4", "Answer: 6"])
+    assert metrics["accuracy_strict"] == pytest.approx(1 / 3)
+    assert metrics["answer_format"] == pytest.approx(2 / 3)
+    assert metrics["accuracy_ops1"] == 1.0 and metrics["accuracy_strict_ops1"] == 0.5
+    assert metrics["accuracy_ops2"] == 0.0 and metrics["num_problems_ops2"] == 1.0
+
+
+# ---- through the command line, on a tiny model ----
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A tiny random Llama with a context long enough for chat prompts spelt in bytes."""
+    from tiny_models import build_tiny_causal_lm
+
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("llama"), "llama", max_positions=1024)
+
+
+def config_file(tmp_path: Path, model: Path) -> str:
+    path = tmp_path / "word.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        model: {{path: {model}, device: cpu, use_reference: false}}
+        task: {{name: word_problems, train_size: 8, eval_size: 3, options: {{format_weight: 0.1}}}}
+        prompts_per_step: 2
+        grpo: {{group_size: 2, batch_size: 4, kl_coeff: 0.0}}
+        rollout: {{engine: lean}}
+        policy: {{generation: {{max_new_tokens: 3}}}}
+        evaluation: {{modes: [greedy]}}
+        run: {{threads: 1}}
+    """)
+    )
+    return str(path)
+
+
+def test_eval_and_sample_commands_run_the_task(tmp_path, tiny_llama, capsys):
+    """`grpo eval` prints both held-out splits and their pool; `grpo sample` prints completions."""
+    path = config_file(tmp_path, tiny_llama)
+    assert main(["eval", path]) == 0
+    out = capsys.readouterr().out
+    for prefix in (
+        "eval/heldout_numbers/greedy/",
+        "eval/heldout_phrasings/greedy/",
+        "eval/greedy/",
+    ):
+        assert f"{prefix}accuracy " in out and f"{prefix}accuracy_strict " in out
+    assert "split: heldout_phrasings" in out
+    assert main(["sample", path, "--num-prompts", "1", "-n", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  -> ") == 2 and "'role': 'user'" in out
+
+
+def test_pooled_evaluation_weights_each_split_by_its_problems(tmp_path, tiny_llama):
+    """With a policy answering every problem right in the stated form, every accuracy is 1;
+    with one answering "Answer: 0", every accuracy is 0 and the format rate 1."""
+    config = load_config(config_file(tmp_path, tiny_llama), ["task.eval_size=4"])
+    parts = build_task(config)
+
+    def answering(right: bool):
+        def generate_actions(states, k, **_):
+            return [[f"Answer: {s['answer'] if right else 0}"] * k for s in states]
+
+        return generate_actions
+
+    parts.policy.generate_actions = answering(True)
+    metrics, _ = parts.evaluate()
+    for prefix in (
+        "eval/heldout_numbers/greedy/",
+        "eval/heldout_phrasings/greedy/",
+        "eval/greedy/",
+    ):
+        assert metrics[f"{prefix}accuracy"] == 1.0 and metrics[f"{prefix}accuracy_strict"] == 1.0
+    counts = [metrics[k] for k in metrics if k.startswith("eval/greedy/num_problems_ops")]
+    assert sum(counts) == 8.0
+    parts.policy.generate_actions = answering(False)
+    metrics, _ = parts.evaluate()
+    assert metrics["eval/greedy/accuracy"] == 0.0 and metrics["eval/greedy/answer_format"] == 1.0
+    assert metrics["eval/greedy/rewards/answer_format/mean"] == 1.0
+
+
+def test_answer_check_option_is_checked(tmp_path, tiny_llama, monkeypatch):
+    """An unknown answer_check is refused by name; math_verify without its package says how to
+    install it."""
+    path = config_file(tmp_path, tiny_llama)
+    with pytest.raises(ConfigError, match="answer_check"):
+        build_task(load_config(path, ["task.options.answer_check=regex"]))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda name, *a: None if name == "math_verify" else real_find_spec(name, *a),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"grpo\[math\]"):
+        build_task(load_config(path, ["task.options.answer_check=math_verify"]))

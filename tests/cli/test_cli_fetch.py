@@ -20,7 +20,7 @@ from tests.lm.tiny_gguf import write_tiny_wheel
 pytest.importorskip("gguf")
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs" / "demo.yaml"
+CONFIG = REPO / "configs" / "smollm2_math.yaml"
 """The config the real model trains with; the step below runs it at a tiny size."""
 TINY_RUN = {
     "task.train_size": 16, "task.eval_size": 4, "prompts_per_step": 2, "seed": 0,

@@ -51,7 +51,7 @@ def write_tiny_gguf(path: Path, *, eos_bias: float = 1.5, seed: int = 0) -> Path
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-chat")
     writer.add_block_count(LAYERS)
-    writer.add_context_length(128)
+    writer.add_context_length(1024)  # room for a word problem with its worked example
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(HEADS)

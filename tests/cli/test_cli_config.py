@@ -48,6 +48,10 @@ REJECTED = [
     ("rollout: {vllm: {tis_cap: 0.5}}", "rollout.vllm.tis_cap: got 0.5"),
     ("grpo: {learning_rate: 0.001}", "grpo.learning_rate: .* set schedule.learning_rate"),
     (
+        "policy: {chunked_output_layer: sometimes}",
+        "chunked_output_layer: got 'sometimes'; allowed: true, false or 'auto'",
+    ),
+    (
         "policy: {chunked_output_layer: true}\ndistributed: {strategy: fsdp2}",
         "policy.chunked_output_layer: got true with distributed.strategy=fsdp2",
     ),

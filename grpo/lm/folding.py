@@ -69,7 +69,7 @@ def folded_output_layer(
     if mode is False:
         return None
     head = _output_layer(model)
-    if mode == "auto" and (head is None or head.weight.shape[0] < AUTO_MIN_VOCAB):
+    if mode == "auto" and _vocab_size(head) < AUTO_MIN_VOCAB:
         return None
     if model not in _BLOCKERS:
         _BLOCKERS[model] = _blocker(model, head, inputs)
@@ -92,6 +92,12 @@ def _inner(model: nn.Module) -> nn.Module:
 def _output_layer(model: nn.Module) -> Any:
     inner = _inner(model)
     return inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+
+
+def _vocab_size(head: Any) -> int:
+    """Rows of the output layer's weight (V), 0 when there is no such weight."""
+    weight = getattr(head, "weight", None)
+    return weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 2 else 0
 
 
 def _body(model: nn.Module) -> nn.Module:

@@ -202,6 +202,7 @@ def _score_conversations(
     return conversation_logprobs(
         policy.model, tokens, pad_token_id=policy.tokenizer.pad_token_id,
         temperature=policy.settings.generation.temperature,
+        chunked_output_layer=policy.settings.chunked_output_layer,
     )  # fmt: skip
 
 

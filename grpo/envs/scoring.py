@@ -4,6 +4,8 @@ One forward pass per conversation: the input is the whole tokenised
 conversation (`grpo.envs.chat_mask`), the log-prob of token t + 1 comes from
 the logits at t (`grpo.functional.completion_logprobs`), and the mask is the
 assistant mask shifted by one, as seed 003 notes (``mask[1:]``, not ``mask[:-1]``).
+With a large vocabulary the output layer is folded into the log-softmax
+(`grpo.lm.folding`, as in `grpo.lm.scoring`), so no (N, L, V) logits exist.
 
 This is the cheap way to score an episode and the only one when the sampled
 token ids are unknown (a text-only inference engine). It is exact when the
@@ -24,6 +26,8 @@ from torch import nn
 
 from grpo.envs.chat_mask import ChatTokens
 from grpo.functional.logprobs import completion_logprobs
+from grpo.functional.output_layer import output_layer_logprobs
+from grpo.lm.folding import folded_output_layer
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["conversation_logprobs"]
@@ -35,11 +39,13 @@ def conversation_logprobs(
     *,
     pad_token_id: int,
     temperature: float = 1.0,
+    chunked_output_layer: bool | str = "auto",
 ) -> TokenLogProbs:
     """Log-probs (N, L-1) of each conversation's tokens 1..L-1; mask = assistant tokens.
 
     Conversations are right-padded to the longest length L; padded and
-    non-assistant positions have log-prob 0 and mask False.
+    non-assistant positions have log-prob 0 and mask False. `chunked_output_layer`:
+    whether to fold the output layer into the log-softmax (`grpo.lm.folding`).
     """
     if not conversations:
         raise ValueError("conversations must hold at least one tokenised conversation")
@@ -60,15 +66,23 @@ def conversation_logprobs(
         present[n, :length] = 1
         assistant[n, :length] = torch.tensor(tokens.assistant_mask, dtype=torch.bool)
     input_ids, present, assistant = input_ids.to(device), present.to(device), assistant.to(device)
-    logits = _forward(model, input_ids, present)  # (N, L, V)
-    logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1)
+    # Right padding only: real tokens keep positions 0..length-1 without explicit position ids.
+    inputs = {"input_ids": input_ids, "attention_mask": present}
+    folded = folded_output_layer(model, chunked_output_layer, inputs)
+    if folded is None:
+        logits = _logits(model(**inputs, use_cache=False))  # (N, L, V)
+        logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1)
+    else:  # no (N, L, V) logits: the output layer folded into the log-softmax
+        body, head = folded
+        hidden = body(**inputs, use_cache=False).last_hidden_state[:, :-1]  # (N, L-1, H)
+        logprobs = output_layer_logprobs(
+            hidden, head.weight, input_ids[:, 1:], bias=head.bias, temperature=temperature
+        )  # (N, L-1) position t scores token t + 1
     # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
     mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient elsewhere
     return TokenLogProbs(logprobs, mask)
 
 
-def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
-    # Right padding only: real tokens keep positions 0..length-1 without explicit position ids.
-    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+def _logits(output: Any) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from grpo.lm.completion import Completion
 from grpo.lm.engines import RolloutSettings, make_rollout_engine
 from grpo.lm.engines.mismatch import gap_metrics, importance_weights
+from grpo.lm.folding import check_folding_mode
 from grpo.lm.loading import (
     LoraSettings,
     apply_lora,
@@ -75,11 +76,13 @@ class CausalLMSettings:
     """Give completions that hit max_new_tokens without EOS an all-False mask."""
     compute_entropy: bool = True
     """Also return the per-token entropy (for an entropy bonus, and the entropy metric)."""
-    chunked_output_layer: bool = False
+    chunked_output_layer: bool | str = "auto"
     """Score from the last hidden states and the output layer in row chunks, so no (n, T, V)
-    logits tensor exists (for large vocabularies; backward recomputes each chunk's logits).
-    Needs a plain linear output layer (no LoRA on it) and logits without soft-capping or
-    scaling, checked on first use; not with FSDP2."""
+    logits tensor exists (backward recomputes each chunk's logits). true: always (an error
+    when the model cannot be folded); false: never; auto: when the vocabulary has at least
+    32768 tokens and the model can be folded (else the logits, the reason logged once). Folding
+    needs a plain linear output layer (no LoRA on it), logits without soft-capping or scaling
+    (checked on first use), and no FSDP2."""
     share_prompt_prefix: bool = True
     """Score the rows of a micro-batch that continue the same prompt (the G samples of a
     group) with one forward over that prompt, its KV cache shared by the rows, instead of
@@ -100,6 +103,7 @@ class CausalLMSettings:
         mb = self.micro_batch_size
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
+        check_folding_mode(self.chunked_output_layer)
 
 
 class CausalLMPolicy:

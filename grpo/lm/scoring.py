@@ -20,13 +20,11 @@ Choices:
   max_new_tokens without finishing (DAPO's overlong filtering, Yu et al. 2025).
 - Only the last T + 1 logits are computed (`logits_to_keep`) where the model
   supports it, and rows go through in micro-batches, to bound memory.
-- With `chunked_output_layer` the model's body runs alone and its output layer
-  is folded into the log-softmax (`grpo.functional.output_layer`), chunk by
-  chunk, so no (n, T, V) logits exist: for large vocabularies. That the
-  model's logits are exactly its output layer applied to its last hidden
-  states (no soft-capping or scaling) is checked on the first micro-batch; a
-  model sharded by FSDP2 is refused, since only its own forward gathers the
-  shards.
+- When the output layer is folded (`chunked_output_layer`; by default for
+  vocabularies of at least `grpo.lm.folding.AUTO_MIN_VOCAB` tokens) the
+  model's body runs alone and its output layer is folded into the log-softmax
+  (`grpo.functional.output_layer`), chunk by chunk, so no (n, T, V) logits
+  exist. Whether a model can be folded is checked once (`grpo.lm.folding`).
 
 Everything scoring needs arrives explicitly (`ScoringSettings`, which
 `CausalLMPolicy.scoring_settings()` builds), and what it measures is returned,
@@ -37,7 +35,6 @@ same PEFT model with its adapters disabled.
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -48,6 +45,7 @@ from torch import Tensor, nn
 from grpo.functional.logprobs import entropy_from_logits, selective_log_softmax
 from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
 from grpo.lm.completion import Completion
+from grpo.lm.folding import folded_output_layer
 from grpo.lm.prefix import (
     SharedPrompts,
     agrees_once,
@@ -61,9 +59,6 @@ from grpo.protocols import TokenLogProbs
 
 __all__ = ["ScoringSettings", "score_completions"]
 
-# models whose logits were checked to be their output layer of their last hidden states
-_FOLDING_CHECKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-
 
 class ScoringSettings(NamedTuple):
     """What scoring a causal LM's completions depends on."""
@@ -73,7 +68,7 @@ class ScoringSettings(NamedTuple):
     temperature: float  # the sampling temperature: log-probs are of the sampled distribution
     micro_batch_size: int  # rows per forward pass
     compute_entropy: bool
-    chunked_output_layer: bool
+    chunked_output_layer: bool | str  # fold the output layer: true, false or "auto"
     mask_truncated_completions: bool
     share_prompt_prefix: bool = True  # rows with one prompt share its forward (grpo.lm.prefix)
 
@@ -118,8 +113,11 @@ def _score_micro_batch(
     """One forward over [left-padded prompt | right-padded completion] (or the shared-prompt
     forward: `grpo.lm.prefix`) -> (n, T) each."""
     rows = _rows(model, actions, settings, share)
-    score = _score_folded if settings.chunked_output_layer else _score_logits
-    logprobs, entropy = score(model, rows, settings)  # (n, T) each
+    folded = folded_output_layer(model, settings.chunked_output_layer, rows.inputs)
+    if folded is None:
+        logprobs, entropy = _score_logits(model, rows, settings)  # (n, T) each
+    else:
+        logprobs, entropy = _score_folded(model, *folded, rows, settings)  # (n, T) each
     mask = _completion_mask(actions, rows.completion_ids, rows.present, settings)  # (n, T)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient past EOS
     if entropy is not None:
@@ -200,14 +198,10 @@ def _score_logits(
 
 
 def _score_folded(
-    model: nn.Module, rows: _Rows, settings: ScoringSettings
+    model: nn.Module, body: nn.Module, head: nn.Linear, rows: _Rows, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropy) from the last hidden states and the output layer, in row
-    chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor is ever made."""
-    body, head = _body_and_head(model)
-    if model not in _FOLDING_CHECKED:
-        _check_folding(model, body, head, rows.inputs)
-        _FOLDING_CHECKED.add(model)
+    """Log-probs (and entropy) from the last hidden states of `body` and the output layer
+    `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor."""
     scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
     folded = {"bias": head.bias, "temperature": settings.temperature}
     completion_ids = rows.completion_ids
@@ -216,45 +210,6 @@ def _score_folded(
     if settings.compute_entropy:
         entropy = output_layer_entropy(scoring, head.weight, **folded)  # (n, T)
     return logprobs, entropy
-
-
-def _body_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
-    """The transformer body (hidden states out) and the output layer of a causal LM."""
-    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    body = getattr(inner, "base_model", None)
-    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    if body is None or body is inner or type(head) is not nn.Linear:
-        raise ValueError(
-            "chunked_output_layer: needs a transformers causal LM whose output layer is a plain "
-            f"nn.Linear (got {type(head).__name__} on {type(inner).__name__}; a LoRA adapter on "
-            "the output layer is not supported); set chunked_output_layer: false"
-        )
-    if hasattr(head.weight, "full_tensor"):  # a DTensor: only the root's forward gathers it
-        raise ValueError(
-            "chunked_output_layer: the output layer is sharded (FSDP2), and running the body and "
-            "the output layer apart skips the gathering of the model's own forward; use "
-            "distributed strategy ddp or set chunked_output_layer: false"
-        )
-    return body, head
-
-
-def _check_folding(
-    model: nn.Module, body: nn.Module, head: nn.Linear, inputs: dict[str, Tensor]
-) -> None:
-    """The model's own logits of one row must be its output layer applied to its hidden states
-    (not so with logit soft-capping or scaling); checked once per model."""
-    with torch.no_grad():
-        row = {key: value[:1] for key, value in inputs.items()}
-        expected = model(**row, use_cache=False).logits[0, -1].float()  # (V,)
-        hidden = body(**row, use_cache=False).last_hidden_state[0, -1]  # (H,)
-        folded = head(hidden).float()  # (V,)
-    gap = (expected - folded).abs().max().item()
-    if gap > 1e-3 * (1.0 + expected.abs().max().item()):
-        raise ValueError(
-            "chunked_output_layer: this model's logits are not its output layer applied to its "
-            f"last hidden states (largest difference {gap:.3g}; e.g. logit soft-capping or "
-            "scaling); set chunked_output_layer: false"
-        )
 
 
 def _completion_mask(

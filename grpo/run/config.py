@@ -247,10 +247,10 @@ def check_combinations(config: RunConfig, *, builtin_task: bool) -> None:
             f"grpo.kl_coeff: got {g.kl_coeff} with model.use_reference=false; allowed: 0 "
             "without a reference model (or set model.use_reference: true)"
         )
-    if config.policy.chunked_output_layer and config.distributed.strategy == "fsdp2":
+    if config.policy.chunked_output_layer is True and config.distributed.strategy == "fsdp2":
         raise ValueError(
             "policy.chunked_output_layer: got true with distributed.strategy=fsdp2; allowed: "
-            "false under FSDP2 (only the sharded model's own forward gathers its output layer)"
+            "false or auto under FSDP2 (only the sharded model's own forward gathers its output layer)"
         )
     path = config.model.path
     if builtin_task and path is None:

@@ -52,6 +52,10 @@ REJECTED = [
     ("task: {rewards: 3}", "task.rewards: got 3; allowed: a list of .* or a mapping"),
     ("grpo: {learning_rate: 0.001}", "grpo.learning_rate: .* set schedule.learning_rate"),
     (
+        "policy: {chunked_output_layer: sometimes}",
+        "chunked_output_layer: got 'sometimes'; allowed: true, false or 'auto'",
+    ),
+    (
         "policy: {chunked_output_layer: true}\ndistributed: {strategy: fsdp2}",
         "policy.chunked_output_layer: got true with distributed.strategy=fsdp2",
     ),

@@ -32,7 +32,8 @@ def _actions(tokenizer):
 def _policies(model, tokenizer, temperature=0.7):
     """The same weights under the plain and the folded scoring path."""
     generation = GenerationSettings(max_new_tokens=6, temperature=temperature, seed=3)
-    plain = CausalLMPolicy(model, tokenizer, CausalLMSettings(generation, micro_batch_size=4))
+    plain_settings = CausalLMSettings(generation, micro_batch_size=4, chunked_output_layer=False)
+    plain = CausalLMPolicy(model, tokenizer, plain_settings)
     folded_settings = CausalLMSettings(generation, micro_batch_size=4, chunked_output_layer=True)
     return plain, CausalLMPolicy(model, tokenizer, folded_settings)
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from grpo.functional.sampling import sampled_logprobs
 from grpo.lm.engines.base import Samples, sample_in_chunks
 from grpo.lm.sampling import GenerationSettings
 
@@ -76,15 +77,13 @@ def sample_token_ids(
 ) -> Samples:
     """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T);
     with top-k/top-p also log q of each token under the truncated distribution it came from
-    (`generate`'s processed scores: temperature, top-k, top-p applied)."""
-    from transformers import GenerationConfig, StoppingCriteriaList
+    (`_SampledLogprobs`: one step's scores kept at a time, never (n, T, V))."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     truncated = settings.truncates
     config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=list(eos_ids),
-        output_scores=truncated,
-        return_dict_in_generate=True,
         **settings.generation_config_kwargs(),
     )
 
@@ -92,17 +91,17 @@ def sample_token_ids(
         stop = StoppingCriteriaList()
         if settings.stop_strings:
             stop.append(_StopStrings(settings.stop_strings, tokenizer, ids.shape[1]))
+        record = _SampledLogprobs(settings) if truncated else None
         with _model_defaults(model, config):
-            out = model.generate(
+            sequences = model.generate(
                 input_ids=ids, attention_mask=mask, generation_config=config,
                 stopping_criteria=stop,
+                logits_processor=LogitsProcessorList([record] if record else []),
             )  # fmt: skip
-        new = out.sequences[:, ids.shape[1] :]  # (n, <= max_new_tokens)
-        if not truncated:
+        new = sequences[:, ids.shape[1] :]  # (n, <= max_new_tokens)
+        if record is None:
             return Samples(new.tolist(), None)
-        scores = torch.stack(out.scores, 1).float()  # (n, t, V) processed: -inf outside the set
-        logq = scores.log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)  # (n, t)
-        return Samples(new.tolist(), logq.tolist())
+        return Samples(new.tolist(), record.finish(new[:, -1]).T.tolist())  # (n, t)
 
     device = next(model.parameters()).device
     return sample_in_chunks(prompt_rows, settings, seed, tokenizer.pad_token_id, device, decode)
@@ -123,6 +122,39 @@ def _model_defaults(model: Any, config: Any) -> Iterator[None]:
         yield
     finally:
         base.generation_config = previous
+
+
+class _SampledLogprobs:
+    """A logits processor that records log q of each sampled token, one step at a time.
+
+    `generate` runs processors passed to it before its own temperature, top-k and
+    top-p warpers and draws the token after them, so each call keeps this step's
+    scores and, on the next call, reads the token drawn from them (the last one is
+    read by `finish`). q is `grpo.functional.sampling.sampled_logprobs`: the same
+    warpers in the same order as `generate`'s. Only one step's (n, V) scores are held,
+    where `generate`'s `output_scores` would stack all of them into (n, T, V).
+    """
+
+    def __init__(self, settings: GenerationSettings) -> None:
+        self.settings = settings
+        self.pending: Tensor | None = None  # (n, V) the scores of the step whose token is unread
+        self.logq: list[Tensor] = []  # (n,) per step
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.pending is not None:
+            self._read(input_ids[:, -1])  # the token drawn from the previous step's scores
+        self.pending = scores
+        return scores  # unchanged: sampling is exactly as without this processor
+
+    def finish(self, last_tokens: Tensor) -> Tensor:
+        """Read the last step's token (n,) -> log q of every step (t, n)."""
+        self._read(last_tokens)
+        return torch.stack(self.logq)  # (t, n)
+
+    def _read(self, tokens: Tensor) -> None:
+        s = self.settings
+        self.logq.append(sampled_logprobs(self.pending, tokens, s.temperature, s.top_k, s.top_p))
+        self.pending = None
 
 
 class _StopStrings:

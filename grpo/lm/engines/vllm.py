@@ -178,7 +178,8 @@ class VLLMEngine:
         self.llm: Any = None
         try:
             write_model_folder(model, tokenizer, self._folder.name)
-            self.llm = build_llm(model, self._folder.name, self._llm_args())
+            args = self._llm_args()  # CPU build: its thread binding needs vLLM's threads
+            self.llm = build_llm(model, self._folder.name, args, keep_threads=not self.on_cpu)
             self._awake = True
             self.weights = trainer_weights(model)
             if self.on_cpu:

@@ -18,10 +18,14 @@ must undo what it holds:
 - **Random number generators.** `LLM(seed=...)` seeds Python's, NumPy's,
   torch's and every CUDA device's generator (`set_random_seed`).
 - **Threads.** The GPU worker sets torch's intra-op threads to 1
-  (`set_torch_threads_for_runtime`); the CPU worker binds OpenMP threads and
-  replaces `torch.set_num_threads` with a no-op for the whole process.
-  `process_state_kept` restores the generators, the thread count and the
-  function.
+  (`set_torch_threads_for_runtime`) for the whole process; `process_state_kept`
+  restores the generators and, on a GPU, the thread count. The CPU worker
+  binds OpenMP threads to cores and replaces `torch.set_num_threads` with a
+  no-op for the whole process, so its own reduction to 1 thread does nothing
+  (measured: a trainer at 1 or 2 threads keeps its count). Calling the real
+  function again breaks that binding: restoring it made vLLM's CPU sampling
+  about 3x slower (demo model, 256 samples: 9 to 14 s against 3 to 4 s), so
+  on the CPU build the threads are left as vLLM leaves them.
 - **Teardown.** vLLM freezes the garbage collector at engine start and only
   `shutdown()` unfreezes it: an engine merely deleted keeps its memory, and
   on CUDA its memory pool then refuses a second engine ("only one instance
@@ -64,16 +68,18 @@ def write_model_folder(model: nn.Module, tokenizer: Any, folder: str) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def build_llm(model: nn.Module, folder: str, args: Mapping[str, Any]) -> Any:
-    """`vllm.LLM(model=folder, **args)` in this process, the trainer's classes, RNGs and
-    threads as they were before."""
+def build_llm(
+    model: nn.Module, folder: str, args: Mapping[str, Any], *, keep_threads: bool = True
+) -> Any:
+    """`vllm.LLM(model=folder, **args)` in this process, the trainer's classes and RNGs (and
+    threads, with `keep_threads`; not on vLLM's CPU build) as they were before."""
     from vllm import LLM
 
     previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     # the engine core must run in this process: it has to see the trainer's tensors
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        with classes_kept(model), process_state_kept():
+        with classes_kept(model), process_state_kept(threads=keep_threads):
             return LLM(model=folder, tokenizer=folder, **args)
     finally:
         if previous is None:
@@ -110,11 +116,11 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def process_state_kept() -> Iterator[None]:
-    """Python's, NumPy's, torch's and every CUDA device's RNG state, torch's intra-op
-    thread count and `torch.set_num_threads` itself, as they were before the body ran."""
+def process_state_kept(*, threads: bool = True) -> Iterator[None]:
+    """Python's, NumPy's, torch's and every CUDA device's RNG state as they were before the
+    body ran; with `threads`, also torch's intra-op thread count and `torch.set_num_threads`."""
     states = random.getstate(), np.random.get_state()
-    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    count, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices):
@@ -122,8 +128,10 @@ def process_state_kept() -> Iterator[None]:
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
-        torch.set_num_threads = set_num_threads
-        set_num_threads(threads)
+        if threads:
+            torch.set_num_threads = set_num_threads
+            if torch.get_num_threads() != count:  # setting it resets OpenMP's thread pool
+                set_num_threads(count)
 
 
 def reset_prefix_cache(llm: Any) -> None:

@@ -127,7 +127,8 @@ def test_classes_kept_removes_added_and_restores_replaced_attributes():
 
 def test_process_state_kept_restores_every_rng_and_the_thread_count():
     """Seeding and thread changes inside leave every generator, the thread count and
-    torch.set_num_threads itself as they were (CUDA generators too, where there are some)."""
+    torch.set_num_threads itself as they were (CUDA generators too, where there are some);
+    threads=False leaves the threads as the body set them."""
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     random.seed(7), np.random.seed(7), torch.manual_seed(7)
     states = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
@@ -142,6 +143,10 @@ def test_process_state_kept_restores_every_rng_and_the_thread_count():
     if cuda is not None:
         assert all(map(torch.equal, torch.cuda.get_rng_state_all(), cuda))
     assert torch.get_num_threads() == threads and torch.set_num_threads is set_num_threads
+    with process_state_kept(threads=False):  # vLLM's CPU build: its thread binding stands
+        torch.set_num_threads = noop = lambda n: None
+    assert torch.set_num_threads is noop
+    torch.set_num_threads = set_num_threads
 
 
 def test_a_refused_prefix_cache_reset_raises():

@@ -180,7 +180,7 @@ def test_a_grpo_step_syncs_checks_and_weighs_tokens(policy):
 
 def test_an_engine_builds_closes_and_builds_again_in_one_process():
     """close() frees vLLM's model (no reference left once collected) and a second engine
-    then builds and samples in the same process; the trainer's thread count is kept."""
+    then builds and samples in the same process; the trainer's thread count is unchanged."""
     threads = torch.get_num_threads()
     first = _vllm_policy()
     model = weakref.ref(first.rollout_engine._call(lambda m: m))
@@ -191,8 +191,7 @@ def test_an_engine_builds_closes_and_builds_again_in_one_process():
         first.generate_actions(STATES[:1], 1)
     with _vllm_policy() as second:
         assert len(second.generate_actions(STATES[:1], 2)[0]) == 2
-        assert torch.get_num_threads() == threads
-        torch.set_num_threads(threads)  # not vLLM's no-op any more
+        assert torch.get_num_threads() == threads  # vLLM's reduction to 1 hit its own no-op
     assert second.rollout_engine.llm is None
 
 

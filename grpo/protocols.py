@@ -139,6 +139,11 @@ class PolicyHooks(Protocol):
         """Restore what `sampling_state` returned."""
         ...
 
+    def close(self) -> None:
+        """Free what the policy holds beyond its model (e.g. an inference engine); called
+        once when a run ends, also when it fails."""
+        ...
+
 
 class RewardHooks(Protocol):
     """Optional members of a reward model."""
@@ -156,6 +161,7 @@ POLICY_HOOKS = (
     "rollout_importance_weights",
     "sampling_state",
     "load_sampling_state",
+    "close",
 )
 REWARD_HOOKS = ("last_metrics",)
 

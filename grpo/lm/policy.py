@@ -339,6 +339,19 @@ class CausalLMPolicy:
             return self.rollout_engine.tis_cap
         return 1.0 if self.settings.generation.truncates else None
 
+    def close(self) -> None:
+        """Free what the rollout engine holds (vLLM's engine and memory); the model stays
+        usable for scoring and saving. Safe to call twice."""
+        close = getattr(self.rollout_engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> CausalLMPolicy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ---------------------------------------------------------- reference
     def make_reference(self) -> Any:
         """A frozen reference: adapters disabled for PEFT, else a deep copy in eval mode."""

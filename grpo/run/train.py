@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from grpo import distributed
+from grpo.protocols import hook
 from grpo.rewards.errors import RewardError
 from grpo.run.config import RunConfig
 from grpo.run.config_files import resolved_yaml
@@ -47,7 +48,7 @@ from grpo.run.rundir import RunDirectory, SamplesLogger
 from grpo.run.structured import ConfigError, to_dict
 from grpo.step.trainer import GRPOTrainer
 
-__all__ = ["build_loop", "seed_everything", "train"]
+__all__ = ["build_loop", "close_policy", "seed_everything", "train"]
 
 
 def seed_everything(seed: int, deterministic: bool, threads: int | None) -> None:
@@ -78,20 +79,31 @@ def build_loop(
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()
     parts = build_parts(config)
-    trainer = GRPOTrainer(
-        parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo,
-        config.distributed, grad_scaler=parts.grad_scaler,
-    )  # fmt: skip
-    sampler = StateSampler(parts.train_states, config.prompts_per_step, seed=config.seed)
-    loop = TrainingLoop(
-        trainer,
-        sampler,
-        config.schedule,
-        evaluate=parts.evaluate,
-        eval_every=config.evaluation.every,
-        sink=sink,
-    )
+    try:
+        trainer = GRPOTrainer(
+            parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo,
+            config.distributed, grad_scaler=parts.grad_scaler,
+        )  # fmt: skip
+        sampler = StateSampler(parts.train_states, config.prompts_per_step, seed=config.seed)
+        loop = TrainingLoop(
+            trainer,
+            sampler,
+            config.schedule,
+            evaluate=parts.evaluate,
+            eval_every=config.evaluation.every,
+            sink=sink,
+        )
+    except BaseException:
+        close_policy(parts.policy)
+        raise
     return loop, parts
+
+
+def close_policy(policy: Any) -> None:
+    """The policy's `close` hook, if it has one (frees e.g. a vLLM engine)."""
+    close = hook(policy, "close")
+    if close is not None:
+        close()
 
 
 def _sinks(config: RunConfig, run_dir: RunDirectory, start_step: int) -> MetricsLogger:
@@ -131,6 +143,22 @@ def train(
         run_dir.check_unused()  # before the model loads
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_parts)
+    try:
+        return _train_built(config, loop, parts, run_dir, resume, started)
+    finally:
+        close_policy(parts.policy)  # before torchrun's group ends; errors included
+
+
+def _train_built(
+    config: RunConfig,
+    loop: TrainingLoop,
+    parts: TaskParts,
+    run_dir: RunDirectory,
+    resume: bool,
+    started: float,
+) -> dict[str, Any]:
+    """Steps 3 (folder) to 6 of the module docstring, on a built loop."""
+    main = distributed.is_main_process()
     if not resume and main:  # only now: bad data or a bad model leave no folder behind
         run_dir.create(resolved_yaml(config))
     distributed.barrier()

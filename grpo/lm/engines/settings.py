@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ENGINE_NAMES", "VLLM_DTYPES", "WEIGHT_SYNCS", "RolloutSettings", "VLLMSettings"]
+__all__ = [
+    "ENGINE_NAMES",
+    "UNSHARABLE_LLM_ARGS",
+    "VLLM_DTYPES",
+    "WEIGHT_SYNCS",
+    "RolloutSettings",
+    "VLLMSettings",
+]
 
 ENGINE_NAMES = ("transformers", "lean", "vllm")
 WEIGHT_SYNCS = ("auto", "shared", "load_weights")
@@ -38,6 +45,27 @@ FIXED_LLM_ARGS = (
     "enable_lora",
 )
 
+_OFFLOAD = "vLLM would move weights to host memory"
+UNSHARABLE_LLM_ARGS = {
+    "quantization": "vLLM would compute with quantized weights, not the trainer's",
+    "quantization_config": "vLLM would compute with quantized weights, not the trainer's",
+    "cpu_offload_gb": _OFFLOAD,
+    "cpu_offload_params": _OFFLOAD,
+    "offload_backend": _OFFLOAD,
+    "offload_params": _OFFLOAD,
+    "offload_group_size": _OFFLOAD,
+    "offload_num_in_group": _OFFLOAD,
+    "offload_prefetch_step": _OFFLOAD,
+    "speculative_config": "a draft model would sample with weights the trainer does not hold",
+    "compilation_config": "compiled code and CUDA graphs keep the weights they were built on",
+    "hf_overrides": "vLLM would build another module tree than the trainer's",
+    "model_class_overrides": "vLLM would build another module tree than the trainer's",
+    "pipeline_parallel_size": "the weights would be split over several processes",
+    "data_parallel_size": "the weights would be split over several processes",
+}
+"""LLM(...) arguments that change how vLLM stores or computes with the weights, so that they
+could no longer be the trainer's tensors (or a checked copy of them): refused, with why."""
+
 
 @dataclass
 class VLLMSettings:
@@ -58,9 +86,12 @@ class VLLMSettings:
     possible, else copied). On vLLM's CPU build every value reloads the weights through
     vLLM's `reload_weights` (its packed CPU weights cannot be shared)."""
     sleep_between_rollouts: bool = True
-    """Free vLLM's KV cache after each rollout (sleep level 1), so training can use the
-    memory; it is allocated again (wake up) before the next rollout. CUDA only: off (with
-    a log line) on vLLM's CPU build."""
+    """When vLLM's weights are a copy (LoRA, another dtype, load_weights): free its KV cache
+    and discard its copy after each rollout (sleep level 2), so training can use the memory;
+    both come back (wake up, then the sync's copy) before the next rollout. With shared
+    weights the engine never sleeps: sleep mode would keep a dead second copy of the weights
+    in vLLM's memory pool, so the KV cache stays allocated. CUDA only: off (with a log line)
+    on vLLM's CPU build."""
     check_weights: bool = True
     """After every sync, check that vLLM holds the trainer's weights: the same storage when
     shared, equal fingerprints when copied, probe log-probs within `probe_tolerance` on
@@ -75,7 +106,9 @@ class VLLMSettings:
     the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further `vllm.LLM(...)` arguments (e.g. max_num_seqs); the ones the engine sets
-    itself for weight sharing are not allowed here."""
+    itself, and those that change how vLLM stores or computes with the weights
+    (quantization, cpu_offload_gb, speculative_config, compilation_config, ...), are not
+    allowed here."""
 
     def __post_init__(self) -> None:
         u = self.gpu_memory_utilization
@@ -117,6 +150,13 @@ class VLLMSettings:
                 f"vllm.engine_kwargs: got {', '.join(fixed)}, which the engine sets itself; "
                 f"allowed: any LLM argument except {', '.join(FIXED_LLM_ARGS)}"
             )
+        for key in self.engine_kwargs:
+            if key in UNSHARABLE_LLM_ARGS:
+                raise ValueError(
+                    f"vllm.engine_kwargs: got {key!r}, but {UNSHARABLE_LLM_ARGS[key]}, so it "
+                    "could not sample with the trainer's weights; allowed: any LLM argument "
+                    f"except {', '.join(FIXED_LLM_ARGS + tuple(UNSHARABLE_LLM_ARGS))}"
+                )
 
 
 @dataclass

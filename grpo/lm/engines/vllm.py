@@ -9,18 +9,26 @@ hf_p.data` (`grpo.lm.engines.weights.share_parameters`), so an optimizer step on
 the trainer's model is what vLLM samples with, with no copy. Where sharing
 cannot apply (a LoRA model: vLLM must hold W + BA; another dtype; another
 device), the weights are copied with vLLM's `load_weights` before every rollout.
+The trainer's classes, RNGs and threads are left as they were
+(`vllm_build.py`); `close()` (or a `with` block) frees the engine.
 
-Each rollout: wake up (the KV cache is allocated again), sync (a copy, unless
-shared), reset the prefix cache (cached prefixes were computed with the old
-weights), check that vLLM holds the trainer's weights (same storage, or equal
-fingerprints for a copy), generate, sleep (level 1: the KV cache is freed for
-training). Written for vLLM >= 0.11 (V1 engine, `LLM.apply_model`,
-`logprobs_mode`); `vllm` is imported only when an engine is built. On vLLM's
-CPU build (`vllm_cpu.py`) there is no sleep and no sharing: the weights are
-reloaded through vLLM's `reload_weights` before every rollout and checked by
-scoring a probe sequence on both sides.
+Each rollout: wake up (copies only), sync (a copy, unless shared), reset the
+prefix cache (its KV was computed with the old weights; a refused reset
+raises), check that vLLM holds the trainer's weights, generate, sleep. vLLM is
+imported only when an engine is built (vLLM >= 0.11: V1 engine, `apply_model`,
+`logprobs_mode`). Its CPU build (`vllm_cpu.py`): no sleep, no sharing; weights
+reloaded with `reload_weights` before every rollout and checked by a probe.
 
 Departures and choices:
+- Sleep mode only when vLLM's weights are a copy. A sleep-mode engine puts
+  its weights in vLLM's own CUDA memory pool (`gpu_worker.load_model`), which
+  `torch.cuda.empty_cache()` cannot return, and sleep level 1 backs that pool
+  up to host memory and back: with shared weights, a dead second copy awake
+  and asleep. A shared engine is therefore built without sleep mode (its dummy
+  weights come from torch's allocator and are returned once shared; its KV
+  cache stays allocated: size it with `gpu_memory_utilization`). A copying
+  engine sleeps at level 2: its copy is discarded, not backed up (the next
+  sync rewrites it; vLLM keeps the buffers), so asleep one copy exists.
 - The log-probs returned are vLLM's "processed" ones: of the distribution it
   sampled from (temperature, top-k and top-p applied). The trainer scores at
   the temperature without top-k/top-p truncation, so with top_p < 1 or
@@ -36,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +55,13 @@ from torch import nn
 
 from grpo.lm.engines.base import Samples
 from grpo.lm.engines.settings import VLLMSettings
+from grpo.lm.engines.vllm_build import (
+    build_llm,
+    release_memory,
+    reset_prefix_cache,
+    shutdown_llm,
+    write_model_folder,
+)
 from grpo.lm.engines.vllm_cpu import (
     cpu_llm_args,
     engine_probe_logprobs,
@@ -75,13 +90,16 @@ from grpo.lm.sampling import GenerationSettings
 __all__ = [
     "VLLMEngine",
     "choose_sharing",
+    "expects_sharing",
     "parse_outputs",
     "request_seeds",
     "require_vllm",
     "sampling_params_kwargs",
 ]
 
-SLEEP_LEVEL = 1  # frees the KV cache; level 2 would also discard vLLM's own buffers
+log = logging.getLogger(__name__)
+
+SLEEP_LEVEL = 2  # a copy is discarded while asleep (the next sync rewrites it), not backed up
 
 
 def require_vllm() -> None:
@@ -116,8 +134,24 @@ def choose_sharing(weight_sync: str, lora: bool, problems: list[str]) -> bool:
     return weight_sync != "load_weights" and not lora and not problems
 
 
+def expects_sharing(settings: VLLMSettings, model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether the engine will share the trainer's tensors, as far as is known before building
+    it (names and shapes are compared after): decides whether vLLM gets sleep mode."""
+    first = next(model.parameters())
+    return (
+        settings.weight_sync != "load_weights"
+        and not is_peft_model(model)
+        and first.dtype == dtype
+        and first.device.type == "cuda"
+    )
+
+
 class VLLMEngine:
-    """vLLM sampling for `CausalLMPolicy`, holding the trainer's weights (shared or copied)."""
+    """vLLM sampling for `CausalLMPolicy`, holding the trainer's weights (shared or copied).
+
+    Holds vLLM's engine, memory and a temporary folder until `close()`; use it as a context
+    manager, or close it where the run ends (`grpo.run.train` does, errors included).
+    """
 
     samples_with_scorer = False  # other kernels: its log-probs differ, so π_old is recorded
 
@@ -133,20 +167,55 @@ class VLLMEngine:
         """How many weight checks have passed (one per sync when `check_weights`)."""
         self.on_cpu = vllm_on_cpu()
         """vLLM's CPU build: no sleep, no sharing; weights reloaded and probed every sync."""
-        self.sleeps = settings.sleep_between_rollouts and not self.on_cpu
         trainer_dtype = next(model.parameters()).dtype
         self.dtype = trainer_dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
+        self.sleeps = (
+            settings.sleep_between_rollouts
+            and not self.on_cpu
+            and not expects_sharing(settings, model, self.dtype)
+        )
+        """Sleep mode: only for a copy of the weights (see the module docstring)."""
         self._folder = tempfile.TemporaryDirectory(prefix="grpo-vllm-")
-        _write_model_folder(model, tokenizer, self._folder.name)
-        self.llm = _build_llm(self._folder.name, settings, self.dtype, self.on_cpu)
-        self._awake = True
-        self.weights = trainer_weights(model)
+        self.llm: Any = None
+        try:
+            write_model_folder(model, tokenizer, self._folder.name)
+            args = self._llm_args()  # CPU build: its thread binding needs vLLM's threads
+            self.llm = build_llm(model, self._folder.name, args, keep_threads=not self.on_cpu)
+            self._awake = True
+            self.weights = trainer_weights(model)
+            if self.on_cpu:
+                self._init_cpu(model)
+            else:
+                self._init_gpu(model, settings)
+            self.sync()
+            self._sleep()  # training may need the memory before the first rollout
+        except BaseException:
+            self.close()
+            raise
+
+    def _llm_args(self) -> dict[str, Any]:
+        settings = self.settings
+        args: dict[str, Any] = {
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "seed": 0,
+            "distributed_executor_backend": "uni",
+            "tensor_parallel_size": 1,
+            "load_format": "dummy",
+            "enforce_eager": True,
+            "gpu_memory_utilization": settings.gpu_memory_utilization,
+            "max_model_len": settings.max_model_len,
+            "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm",  # no checkpoint sampling defaults: the requests decide
+            "model_impl": "transformers",
+            "enable_sleep_mode": self.sleeps,
+            **settings.engine_kwargs,
+        }
         if self.on_cpu:
-            self._init_cpu(model)
-        else:
-            self._init_gpu(model, settings)
-        self.sync()
-        self._sleep()  # training may need the memory before the first rollout
+            sync, sleep = settings.weight_sync, settings.sleep_between_rollouts
+            args.update(cpu_llm_args(settings.engine_kwargs, sleep, sync))
+        elif settings.sleep_between_rollouts and not self.sleeps:
+            log.info("vLLM shares the trainer's weights: no sleep mode, the KV cache stays")
+        return args
 
     def _init_cpu(self, model: nn.Module) -> None:
         config = (model.get_base_model() if is_peft_model(model) else model).config
@@ -172,7 +241,8 @@ class VLLMEngine:
         if self.shared:
             share_parameters(engine_params, self.weights, self.mapping)
             del engine_params
-            torch.cuda.empty_cache()  # vLLM's dummy weights are garbage from here on
+            # no sleep mode: vLLM's dummy weights came from torch's allocator, returned here
+            torch.cuda.empty_cache()
 
     # ------------------------------------------------------------ rollouts
     def sample(
@@ -192,22 +262,15 @@ class VLLMEngine:
         prompts = [{"prompt_token_ids": [int(t) for t in row]} for row in prompt_rows]
         with self._woken():
             self.sync()  # the trainer may have stepped since the last rollout
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._open().generate(prompts, params, use_tqdm=False)
         return parse_outputs(outputs)
 
     def sync(self) -> None:
         """Give vLLM the trainer's current weights (a copy unless shared), then check."""
         with self._woken():  # a copy must not land in memory vLLM has released
             start = time.perf_counter()
-            weights = self.weights
-            if not self.shared:  # never shared on the CPU build
-                weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
-                if self.on_cpu:
-                    reload_weights(self.llm, weights)  # copies, then repacks for the CPU kernels
-                else:
-                    items = list(weights.items())
-                    self._call(lambda m: m.load_weights(items))
-            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+            weights = self.weights if self.shared else self._load()
+            reset_prefix_cache(self._open())  # cached KV was computed with the old weights
             if self.settings.check_weights:
                 self.check(weights)
             if torch.cuda.is_available():
@@ -219,6 +282,16 @@ class VLLMEngine:
             if self.on_cpu and self.probe_gap is not None:
                 self.metrics["rollout/probe_gap"] = self.probe_gap
 
+    def _load(self) -> dict[str, torch.Tensor]:
+        """Copy the trainer's current weights into vLLM (never shared here); returns them."""
+        weights = trainer_weights(self.model)  # LoRA: W + BA of the current adapters
+        if self.on_cpu:
+            reload_weights(self._open(), weights)  # copies, then repacks for the CPU kernels
+        else:
+            items = [(name, t.detach()) for name, t in weights.items()]  # no autograd in vLLM
+            self._call(lambda m: m.load_weights(items))
+        return weights
+
     def check(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Raise RuntimeError unless vLLM computes with the trainer's weights right now."""
         if self.on_cpu:
@@ -229,7 +302,9 @@ class VLLMEngine:
         else:
             weights = trainer_weights(self.model) if weights is None else weights
             rows = expected_rows(weights, self.mapping)
-            with self._woken():  # asleep, vLLM's own copy is not in GPU memory
+            with self._woken() as woke:
+                if woke:  # asleep, vLLM's copy was discarded: what it holds awake is a sync
+                    self._load()
                 engine = self._call(lambda m: parameter_fingerprints(m, rows))
             problems = copy_problems(engine, weights, self.mapping, self.dtype)
         if problems:
@@ -243,39 +318,68 @@ class VLLMEngine:
         """The probe scored by vLLM and by the trainer: [] when they agree within tolerance
         and vLLM is nearer the trainer's current weights than the last check's."""
         trainer = trainer_probe_logprobs(self.model, self.probe)
-        engine = engine_probe_logprobs(self.llm, self.probe)
+        engine = engine_probe_logprobs(self._open(), self.probe)
         self.probe_gap = float((trainer - engine).abs().max())
         problems = probe_problems(engine, trainer, self.probe_previous, self.tolerance)
         if not problems:
             self.probe_previous = trainer  # the weights vLLM was shown to hold
         return problems
 
+    # ------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Shut vLLM down and free what it holds (engine, KV cache, its weights or buffers,
+        the temporary folder); the trainer's model is untouched. Safe to call twice."""
+        llm, self.llm = self.llm, None
+        try:
+            if llm is not None:
+                if not getattr(self, "_awake", True):
+                    llm.wake_up()  # vLLM frees its pool's memory mapped, not asleep
+                    self._awake = True
+                shutdown_llm(llm)
+        finally:
+            del llm
+            release_memory()
+            self._folder.cleanup()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------ helpers
+    def _open(self) -> Any:
+        """vLLM's `LLM`; raises once the engine is closed."""
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine is closed (VLLMEngine.close); build a new one")
+        return self.llm
+
     def _call(self, fn: Callable[[nn.Module], Any]) -> Any:
         """fn(vLLM's model), run where the model lives (this process)."""
-        if hasattr(self.llm, "apply_model"):
-            return self.llm.apply_model(fn)[0]  # one result per worker; there is one worker
-        return fn(self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model)
+        llm = self._open()
+        if hasattr(llm, "apply_model"):
+            return llm.apply_model(fn)[0]  # one result per worker; there is one worker
+        return fn(llm.llm_engine.model_executor.driver_worker.worker.model_runner.model)
 
     @contextlib.contextmanager
-    def _woken(self) -> Iterator[None]:
-        """Awake inside; asleep again afterwards if it was asleep before."""
+    def _woken(self) -> Iterator[bool]:
+        """Awake inside (yields whether it had to wake); asleep again afterwards if it was."""
         was_asleep = not self._awake
         self._wake()
         try:
-            yield
+            yield was_asleep
         finally:
             if was_asleep:
                 self._sleep()
 
     def _wake(self) -> None:
         if not self._awake:
-            self.llm.wake_up()
+            self._open().wake_up()
             self._awake = True
 
     def _sleep(self) -> None:
         if self.sleeps and self._awake:
-            self.llm.sleep(level=SLEEP_LEVEL)
+            self._open().sleep(level=SLEEP_LEVEL)
             self._awake = False
 
 
@@ -296,65 +400,3 @@ def _match_names(
         ) from error
 
 
-def _write_model_folder(model: nn.Module, tokenizer: Any, folder: str) -> None:
-    """config.json and the tokenizer: all vLLM reads, since its weights come from the trainer."""
-    base = model.get_base_model() if is_peft_model(model) else model
-    config = base.config.__class__.from_dict(base.config.to_dict())
-    config.architectures = [type(base).__name__]  # vLLM picks its model class from this
-    config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def _build_llm(folder: str, settings: VLLMSettings, dtype: torch.dtype, on_cpu: bool) -> Any:
-    from vllm import LLM
-
-    args: dict[str, Any] = {
-        "model_impl": "transformers",
-        "enable_sleep_mode": settings.sleep_between_rollouts,
-        **settings.engine_kwargs,
-    }
-    if on_cpu:
-        args.update(
-            cpu_llm_args(
-                settings.engine_kwargs, settings.sleep_between_rollouts, settings.weight_sync
-            )
-        )
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    # the engine core must run in this process: it has to see the trainer's tensors
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    try:
-        with _rng_kept():  # LLM(seed=0) seeds the global RNGs; the run's own seeding stands
-            return LLM(
-                model=folder,
-                tokenizer=folder,
-                dtype=str(dtype).removeprefix("torch."),
-                seed=0,
-                distributed_executor_backend="uni",
-                tensor_parallel_size=1,
-                load_format="dummy",
-                enforce_eager=True,
-                gpu_memory_utilization=settings.gpu_memory_utilization,
-                max_model_len=settings.max_model_len,
-                logprobs_mode="processed_logprobs",
-                generation_config="vllm",  # no checkpoint sampling defaults: the requests decide
-                **args,
-            )
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
-
-
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """Python's, NumPy's and torch's global RNG states as they were before."""
-    import random
-
-    import numpy as np
-
-    states = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        yield
-    random.setstate(states[0])
-    np.random.set_state(states[1])

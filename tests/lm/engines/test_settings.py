@@ -48,6 +48,18 @@ def test_vllm_settings_name_the_bad_field(field, value, match):
     assert "got" in str(info.value) and "allowed" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "key", ["quantization", "cpu_offload_gb", "speculative_config", "compilation_config"]
+)
+def test_engine_kwargs_that_change_the_weights_are_refused_by_name(key):
+    """An LLM argument that would make vLLM hold other weights than the trainer's is an error
+    naming the key and why; other arguments pass."""
+    with pytest.raises(ValueError, match=rf"vllm\.engine_kwargs: got '{key}', but .+") as info:
+        VLLMSettings(engine_kwargs={key: 1})
+    assert "trainer's weights" in str(info.value) and "allowed" in str(info.value)
+    assert VLLMSettings(engine_kwargs={"max_num_seqs": 8}).engine_kwargs == {"max_num_seqs": 8}
+
+
 def test_engine_name_is_checked():
     """An unknown engine is named with the allowed ones."""
     with pytest.raises(

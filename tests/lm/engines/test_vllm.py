@@ -8,6 +8,8 @@ with the reason.
 import gc
 import importlib.util
 import math
+import os
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -18,12 +20,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2C
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, VLLMSettings
 from grpo.lm.engines.vllm import (
+    VLLMEngine,
     _match_names,
-    _write_model_folder,
     parse_outputs,
     request_seeds,
     sampling_params_kwargs,
 )
+from grpo.lm.engines.vllm_build import write_model_folder
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings
@@ -93,7 +96,7 @@ def test_model_folder_holds_config_and_tokenizer(tiny_lm_dir, tmp_path):
     """vLLM's folder: the config naming the architecture, and the tokenizer; for LoRA, the base's."""
     model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
     lora = apply_lora(model, LoraSettings(r=2))
-    _write_model_folder(lora, tokenizer, str(tmp_path))
+    write_model_folder(lora, tokenizer, str(tmp_path))
     config = AutoConfig.from_pretrained(tmp_path)
     assert config.architectures == ["Qwen2ForCausalLM"]
     assert config.hidden_size == model.config.hidden_size
@@ -112,6 +115,41 @@ def test_unmatched_names_say_how_to_copy_unchecked():
     assert "vllm.weight_sync: load_weights and vllm.check_weights: false" in str(info.value)
     unchecked = VLLMSettings(weight_sync="load_weights", check_weights=False)
     assert _match_names(engine, trainer, unchecked) == {}
+
+
+def _closable_engine(asleep: bool):
+    """A VLLMEngine around a stand-in LLM that records what close() does to it."""
+    calls = []
+    core = SimpleNamespace(shutdown=lambda: calls.append("shutdown"))
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(engine_core=core), wake_up=lambda: calls.append("wake_up")
+    )
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine._awake = llm, not asleep
+    engine._folder = tempfile.TemporaryDirectory(prefix="grpo-vllm-test-")
+    return engine, calls
+
+
+def test_close_shuts_vllm_down_once_and_then_refuses_work():
+    """close(): wake (vLLM frees its pool mapped), shut the engine core down, remove the
+    folder; a second close does nothing; any later use of vLLM raises."""
+    engine, calls = _closable_engine(asleep=True)
+    folder = engine._folder.name
+    engine.close()
+    assert calls == ["wake_up", "shutdown"] and engine.llm is None
+    assert not os.path.exists(folder)
+    engine.close()
+    assert calls == ["wake_up", "shutdown"]
+    with pytest.raises(RuntimeError, match="engine is closed"):
+        engine._call(lambda m: m)
+
+
+def test_engine_closes_when_its_with_block_fails():
+    """Used as a context manager, the engine is closed on the way out of an error."""
+    engine, calls = _closable_engine(asleep=False)
+    with pytest.raises(ValueError), engine:
+        raise ValueError("a failing step")
+    assert calls == ["shutdown"] and engine.llm is None
 
 
 # ------------------------------------------------------------------ GPU
@@ -154,6 +192,7 @@ def _reward():
 
 
 def _release(policy):
+    policy.close()
     del policy
     gc.collect()
     torch.cuda.empty_cache()
@@ -170,17 +209,14 @@ def _gap(policy, groups):
 
 @needs_gpu
 def test_shared_engine_tracks_the_trainer_through_updates(tmp_path):
-    """Zero-copy: same storage after steps, vLLM's log-probs follow each update, sleep frees memory."""
+    """Zero-copy: no sleep mode (its pool would keep vLLM's dummy weights), same storage after
+    steps, vLLM's log-probs follow each update."""
     model, tokenizer = _gpu_model(tmp_path)
     policy = _vllm_policy(model, tokenizer)
     engine = policy.rollout_engine
     assert engine.shared, engine.sharing_problems
-    engine._wake()
-    free_awake = torch.cuda.mem_get_info()[0]
-    engine._sleep()
-    assert torch.cuda.mem_get_info()[0] - free_awake > 2**29  # asleep: the KV cache is freed
+    assert not engine.sleeps and engine._awake
     groups = policy.generate_actions(PROMPTS, 4)
-    assert not engine._awake  # back to sleep after the rollout
     for a in (a for g in groups for a in g):
         assert len(a.engine_logprobs) == a.num_tokens <= 16
         assert a.finished_by_eos == (a.completion_ids[-1] in policy.eos_token_ids)
@@ -208,8 +244,10 @@ def test_copy_fallback_for_another_dtype_is_checked(tmp_path):
     config = GRPOConfig(group_size=4, batch_size=12, kl_coeff=0.0, learning_rate=1e-3)
     metrics = GRPOTrainer(policy, _reward(), None, config).train_step(PROMPTS)
     assert math.isfinite(metrics["importance_weight/mean"])
+    assert engine.sleeps and not engine._awake  # asleep (level 2): its copy is discarded
+    engine._wake()
     with pytest.raises(RuntimeError, match="does not hold the trainer's weights"):
-        engine.check()  # the step changed the trainer after the last copy
+        engine.check()  # awake, before a sync: not the trainer's weights
     policy.generate_actions(PROMPTS, 2)  # copies, then checks
     engine.check()
     _release(policy)

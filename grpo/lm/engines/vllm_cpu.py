@@ -33,9 +33,9 @@ engine's log-probs must be closer (Euclidean distance over the probe) to the
 current ones than to the previous ones.
 
 vLLM's own model classes are used (`model_impl="auto"`), not its transformers
-backend: that backend patches the transformers model classes of this process
-(a new `LlamaModel(config)` then fails outside a vLLM context), and its shared
-parameter names buy nothing when weights are copied.
+backend: that backend decorates the transformers model classes of this process
+(undone after the build by `vllm_build.classes_kept`, which the GPU path needs),
+and its shared parameter names buy nothing when weights are copied.
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def _score_conversations(
     tokens = [rollout_tokens(policy.tokenizer, rollout) for rollout in actions]
     return conversation_logprobs(
         policy.model, tokens, pad_token_id=policy.tokenizer.pad_token_id,
-        temperature=policy.settings.generation.temperature,
+        temperature=policy.settings.generation.temperature, precision=policy.settings.precision,
     )  # fmt: skip
 
 

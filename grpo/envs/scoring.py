@@ -24,6 +24,7 @@ from torch import nn
 
 from grpo.envs.chat_mask import ChatTokens
 from grpo.functional.logprobs import completion_logprobs
+from grpo.precision import compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["conversation_logprobs"]
@@ -35,11 +36,13 @@ def conversation_logprobs(
     *,
     pad_token_id: int,
     temperature: float = 1.0,
+    precision: str = "fp32",
 ) -> TokenLogProbs:
     """Log-probs (N, L-1) of each conversation's tokens 1..L-1; mask = assistant tokens.
 
     Conversations are right-padded to the longest length L; padded and
-    non-assistant positions have log-prob 0 and mask False.
+    non-assistant positions have log-prob 0 and mask False. The forward computes in
+    `precision` (`grpo.precision`), the log-softmax in float32.
     """
     if not conversations:
         raise ValueError("conversations must hold at least one tokenised conversation")
@@ -60,7 +63,8 @@ def conversation_logprobs(
         present[n, :length] = 1
         assistant[n, :length] = torch.tensor(tokens.assistant_mask, dtype=torch.bool)
     input_ids, present, assistant = input_ids.to(device), present.to(device), assistant.to(device)
-    logits = _forward(model, input_ids, present)  # (N, L, V)
+    with compute_precision(precision, input_ids.device.type):
+        logits = _forward(model, input_ids, present)  # (N, L, V)
     logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1)
     # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
     mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)

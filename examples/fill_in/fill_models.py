@@ -8,8 +8,8 @@
   fills, then stays frozen as the GRPO reward.
 
 Both supervised loops use the training extras of seed 002: warm-up + cosine
-learning rate, gradient clipping, and on a GPU mixed precision (bf16, or fp16
-with a gradient scaler). On a CPU everything runs in fp32.
+learning rate, gradient clipping, and the run's precision (`policy.precision`:
+fp32, bf16-mixed, or fp16-mixed with a gradient scaler).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fill_data import MASK, PAD
 from torch import Tensor, nn
 from transformers import get_cosine_schedule_with_warmup
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from grpo.precision import PRECISIONS, compute_precision
 
 
 class CharFillTransformer(nn.Module):
@@ -75,18 +75,18 @@ class CharJudge(nn.Module):
 
 
 class Precision:
-    """Autocast context and gradient scaler for one device (all off on a CPU)."""
+    """Autocast context and gradient scaler of a `grpo.precision` name on one device."""
 
     def __init__(self, name: str, device: torch.device) -> None:
-        dtype = PRECISIONS[name]
-        self.enabled = dtype is not None and device.type == "cuda"
-        self.dtype = dtype
+        self.name = name
+        self.enabled = PRECISIONS[name] is not None
         self.device_type = device.type
         # fp16 gradients can underflow: scale the loss, unscale before clipping
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.enabled and dtype == torch.float16)
+        fp16 = PRECISIONS[name] == torch.float16
+        self.scaler = torch.amp.GradScaler(device.type, enabled=fp16)
 
     def autocast(self) -> AbstractContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+        return compute_precision(self.name, self.device_type)
 
 
 def fit(

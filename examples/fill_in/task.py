@@ -18,8 +18,9 @@ clipping, periodic evaluation with samples, and checkpoints.
 Departures from seed 002: the loss, advantages and KL are those of
 `GRPOTrainer` (token-level clipped surrogate with a k3 KL penalty) rather than
 the plan's REINFORCE with a sequence-level KL; log-probs use the sampling
-temperature. On a GPU the model runs under bf16 autocast (`precision: auto`),
-or fp16 with a gradient scaler in every phase, GRPO included (`precision: fp16`).
+temperature. Every phase, GRPO included, computes in `policy.precision`
+(fp32; bf16-mixed: bfloat16 autocast; fp16-mixed: float16 autocast with a
+gradient scaler).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from fill_models import CharFillTransformer, CharJudge, Precision, fit, judge_lo
 from grpo.functional import kl_estimate  # noqa: E402
 from grpo.masked_fill.judge import TokenJudgeReward  # noqa: E402
 from grpo.masked_fill.policy import MaskedFillConfig, MaskedFillPolicy  # noqa: E402
+from grpo.precision import check_precision  # noqa: E402
 from grpo.run.config import RunConfig  # noqa: E402
 from grpo.run.parts import TaskParts, resolve_device  # noqa: E402
 from grpo.run.structured import from_dict  # noqa: E402
@@ -70,8 +72,9 @@ class FillInSettings:
     """Nucleus sampling mass."""
     batch_size: int = 64
     """Windows per supervised step (pre-training and judge)."""
-    precision: str = "auto"
-    """auto (bf16 on a GPU, fp32 on a CPU), fp32, bf16 or fp16 (with a gradient scaler)."""
+    precision: str | None = None
+    """Older spelling of `policy.precision`, still accepted: auto (bf16-mixed on a GPU, fp32
+    on a CPU), fp32, bf16 or fp16; None = policy.precision."""
 
 
 @torch.no_grad()
@@ -129,6 +132,16 @@ def _train_judge(s: FillInSettings, policy, vocab, train_ids, precision, device,
     return judge
 
 
+def _precision(option: str | None, key: str, device: torch.device) -> str:
+    """The run's precision: `policy.precision`, unless the older `task.options.precision`
+    is set (auto = bf16-mixed on a GPU, fp32 on a CPU)."""
+    if option is None:
+        return key
+    if option == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    return check_precision("task.options.precision", option)
+
+
 def build(config: RunConfig) -> TaskParts:
     """The fill-in task's policy, judge reward, training windows and held-out evaluation."""
     s = from_dict(FillInSettings, config.task.options, "task.options")
@@ -136,16 +149,15 @@ def build(config: RunConfig) -> TaskParts:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     device = torch.device(resolve_device(config.model.device))
-    name = s.precision if s.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    name = _precision(s.precision, config.policy.precision, device)
     precision = Precision(name, device)
     vocab = CharVocab.from_text(load_text())
     train_ids, held_ids = split_ids(vocab.encode(load_text()), held_out_fraction=0.15)
 
     generator = _pretrain(s, vocab, train_ids, precision, device, gen)
-    autocast = {"bf16": "bfloat16", "fp16": "float16"}.get(name) if precision.enabled else None
     fill_config = MaskedFillConfig(
         mask_token_id=MASK, pad_token_id=PAD, temperature=s.temperature, top_p=s.top_p,
-        suppress_token_ids=(PAD, MASK), autocast_dtype=autocast,
+        suppress_token_ids=(PAD, MASK), precision=name,
     )  # fmt: skip
     policy = MaskedFillPolicy(generator, fill_config)
     judge = _train_judge(s, policy, vocab, train_ids, precision, device, gen)
@@ -168,5 +180,5 @@ def build(config: RunConfig) -> TaskParts:
                     "chars": vocab.chars, "settings": dataclasses.asdict(s)},
                    path / "fill_in.pt")  # fmt: skip
 
-    scaler = precision.scaler if name == "fp16" and precision.enabled else None
+    scaler = precision.scaler if name == "fp16-mixed" else None
     return TaskParts(policy, reward, pool, run_evaluation, ("eval/judge", "eval/kl"), save, scaler)

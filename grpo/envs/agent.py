@@ -203,6 +203,7 @@ def _score_conversations(
         policy.model, tokens, pad_token_id=policy.tokenizer.pad_token_id,
         temperature=policy.settings.generation.temperature,
         chunked_output_layer=policy.settings.chunked_output_layer,
+        precision=policy.settings.precision,
     )  # fmt: skip
 
 

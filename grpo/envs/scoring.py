@@ -28,6 +28,7 @@ from grpo.envs.chat_mask import ChatTokens
 from grpo.functional.logprobs import completion_logprobs
 from grpo.functional.output_layer import output_layer_logprobs
 from grpo.lm.folding import folded_output_layer
+from grpo.precision import compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["conversation_logprobs"]
@@ -40,12 +41,14 @@ def conversation_logprobs(
     pad_token_id: int,
     temperature: float = 1.0,
     chunked_output_layer: bool | str = "auto",
+    precision: str = "fp32",
 ) -> TokenLogProbs:
     """Log-probs (N, L-1) of each conversation's tokens 1..L-1; mask = assistant tokens.
 
     Conversations are right-padded to the longest length L; padded and
     non-assistant positions have log-prob 0 and mask False. `chunked_output_layer`:
-    whether to fold the output layer into the log-softmax (`grpo.lm.folding`).
+    whether to fold the output layer into the log-softmax (`grpo.lm.folding`). The
+    forward computes in `precision` (`grpo.precision`), the log-softmax in float32.
     """
     if not conversations:
         raise ValueError("conversations must hold at least one tokenised conversation")
@@ -69,15 +72,17 @@ def conversation_logprobs(
     # Right padding only: real tokens keep positions 0..length-1 without explicit position ids.
     inputs = {"input_ids": input_ids, "attention_mask": present}
     folded = folded_output_layer(model, chunked_output_layer, inputs)
+    with compute_precision(precision, input_ids.device.type):
+        if folded is None:
+            logits = _logits(model(**inputs, use_cache=False))  # (N, L, V)
+        else:  # no (N, L, V) logits: the output layer folded into the log-softmax
+            body, head = folded
+            hidden = body(**inputs, use_cache=False).last_hidden_state[:, :-1]  # (N, L-1, H)
+            logprobs = output_layer_logprobs(
+                hidden, head.weight, input_ids[:, 1:], bias=head.bias, temperature=temperature
+            )  # (N, L-1) position t scores token t + 1 (float32: autocast is off inside)
     if folded is None:
-        logits = _logits(model(**inputs, use_cache=False))  # (N, L, V)
-        logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1)
-    else:  # no (N, L, V) logits: the output layer folded into the log-softmax
-        body, head = folded
-        hidden = body(**inputs, use_cache=False).last_hidden_state[:, :-1]  # (N, L-1, H)
-        logprobs = output_layer_logprobs(
-            hidden, head.weight, input_ids[:, 1:], bias=head.bias, temperature=temperature
-        )  # (N, L-1) position t scores token t + 1
+        logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1) float32
     # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
     mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient elsewhere

@@ -19,7 +19,9 @@ Departures from computing logits = hidden @ weight.T first:
   weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
   any (N, T, V) tensor: peak extra memory is one fp32 chunk of rows x V.
 - Logits are computed in fp32 (fp64 for fp64 inputs) whatever the dtype of
-  hidden and weight; gradients are returned in the inputs' dtypes.
+  hidden and weight, and with autocast turned off inside, so a caller's
+  bfloat16 autocast does not lower them; gradients are returned in the
+  inputs' dtypes.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class _OutputLayer(torch.autograd.Function):
         log_norm = torch.empty_like(out)  # (R,)
         for start in range(0, rows.shape[0], step):
             part = slice(start, start + step)
-            z = _logits(rows[part], weight, bias, dtype, temperature)  # (r, V): largest temporary
+            with _no_autocast(hidden):
+                z = _logits(rows[part], weight, bias, dtype, temperature)  # (r, V): largest temp.
             log_norm[part] = torch.logsumexp(z, dim=-1)
             out[part] = op.forward(z, index[part], log_norm[part])
         ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
@@ -64,16 +67,22 @@ class _OutputLayer(torch.autograd.Function):
         )
         for start in range(0, rows.shape[0], ctx.step):
             part = slice(start, start + ctx.step)
-            z = _logits(rows[part], weight, bias, out.dtype, ctx.temperature)  # (r, V)
-            grad_z = ctx.op.backward(z, index[part], log_norm[part], out[part], grad_out[part])
-            grad_z = grad_z.div_(ctx.temperature)  # (r, V) chain rule through z = logits / T
-            grad_rows[part] = grad_z @ weight.to(out.dtype)  # (r, H)
-            grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))  # (V, H), in place
+            with _no_autocast(rows):
+                z = _logits(rows[part], weight, bias, out.dtype, ctx.temperature)  # (r, V)
+                grad_z = ctx.op.backward(z, index[part], log_norm[part], out[part], grad_out[part])
+                grad_z = grad_z.div_(ctx.temperature)  # (r, V) chain rule through z = logits / T
+                grad_rows[part] = grad_z @ weight.to(out.dtype)  # (r, H)
+                grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))  # (V, H), in place
             if grad_bias is not None:
                 grad_bias += grad_z.sum(0)
         grad_weight = grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None
+
+
+def _no_autocast(like: Tensor) -> torch.autocast:
+    """Autocast off on `like`'s device: the matmuls run in the dtype asked for."""
+    return torch.autocast(like.device.type, enabled=False)
 
 
 def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperature) -> Tensor:

@@ -12,7 +12,14 @@ Choices:
   same tokens get different log-probs on every pass, and the importance
   ratio π/π_old is noise even before any update.
 - The reference policy (`make_reference`) is a frozen deep copy, or, for a
-  PEFT model, a view running the same model with its adapters disabled.
+  PEFT model, a view running the same model with its adapters disabled; it
+  keeps the policy's weights dtype and scores in its `precision`.
+- `precision` bf16-mixed computes the forward and backward under bfloat16
+  autocast while weights, gradients and optimizer state stay float32
+  (`grpo.precision`); sampling computes in `rollout.precision`, by default the
+  same. Samples from another precision than the scorer's are another engine's:
+  `sampler_is_scorer` is False, and they carry their log-probs for the gap
+  metrics and the truncated importance weights (`rollout.tis_cap`).
 - Sampling goes through a rollout engine (`grpo.lm.engines`): the model's own
   `generate` by default, or vLLM computing with the same weights. Either way
   the sampled ids are cut into completions here, so masks do not depend on the
@@ -57,6 +64,7 @@ from grpo.lm.sampling import (
     split_completion,
 )
 from grpo.lm.scoring import ScoringSettings, score_completions
+from grpo.precision import check_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings", "disable_dropout"]
@@ -94,12 +102,20 @@ class CausalLMSettings:
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True
     """Set every dropout probability in the model to 0 (see the module docstring)."""
+    precision: str = "fp32"
+    """What the model's forward and backward compute in: fp32 (the weights' own dtype), or
+    bf16-mixed (bfloat16 autocast over float32 weights, gradients and optimizer state; log-probs,
+    loss, advantages and KL stay float32), on a CPU or a GPU; fp16-mixed the same in float16
+    (needs a gradient scaler). Sampling computes in it too unless rollout.precision says
+    otherwise. Keep model.dtype float32 (or auto for a float32 checkpoint) with it: weights
+    stored in bfloat16 lose updates smaller than their spacing (docs/performance.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, GenerationSettings):
             raise TypeError(
                 f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings"
             )
+        self.precision = check_precision("policy.precision", self.precision)
         mb = self.micro_batch_size
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
@@ -137,7 +153,9 @@ class CausalLMPolicy:
             raise TypeError(
                 f"rollout: got {type(rollout).__name__}; allowed: RolloutSettings or None"
             )
-        self.rollout_engine = make_rollout_engine(self.rollout, model, tokenizer)
+        self.rollout_engine = make_rollout_engine(
+            self.rollout, model, tokenizer, self.settings.precision
+        )
 
     @classmethod
     def from_pretrained(
@@ -296,6 +314,7 @@ class CausalLMPolicy:
             chunked_output_layer=s.chunked_output_layer,
             mask_truncated_completions=s.mask_truncated_completions,
             share_prompt_prefix=s.share_prompt_prefix,
+            precision=s.precision,
         )
 
     def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Completion]) -> Tensor:

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.lm.sampling import left_pad
+from grpo.precision import compute_dtype
 
 __all__ = [
     "SHARED_PREFIX_MODEL_TYPES",
@@ -182,7 +183,8 @@ def agrees_once(
     gap = 0.0
     if real.any():
         gap = ((got - want).abs()[real].max() / (want[real].abs().max() + 1)).item()
-    tolerance = _CHECK_TOLERANCE.get(shared.dtype, _HALF_TOLERANCE)
+    dtype = compute_dtype(shared.dtype, shared.device.type)  # bfloat16 under bf16-mixed
+    tolerance = _CHECK_TOLERANCE.get(dtype, _HALF_TOLERANCE)
     _CHECKED[model] = None
     if not gap <= tolerance:
         _CHECKED[model] = (

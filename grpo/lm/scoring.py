@@ -18,6 +18,11 @@ Choices:
   count and get log-prob 0 through `torch.where`, so no gradient reaches them.
   `mask_truncated_completions` masks whole completions that hit
   max_new_tokens without finishing (DAPO's overlong filtering, Yu et al. 2025).
+- With `precision` bf16-mixed the model's forward runs under bfloat16
+  autocast (`grpo.precision`): its logits come out in bfloat16, and the
+  log-softmax, entropy and everything after run in float32. With
+  `chunked_output_layer` only the body runs under autocast; the folded output
+  layer computes its logits in float32 from the body's float32 hidden states.
 - Only the last T + 1 logits are computed (`logits_to_keep`) where the model
   supports it, and rows go through in micro-batches, to bound memory.
 - When the output layer is folded (`chunked_output_layer`; by default for
@@ -55,6 +60,7 @@ from grpo.lm.prefix import (
     sharing_blocker,
 )
 from grpo.lm.sampling import left_pad
+from grpo.precision import compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["ScoringSettings", "score_completions"]
@@ -71,6 +77,7 @@ class ScoringSettings(NamedTuple):
     chunked_output_layer: bool | str  # fold the output layer: true, false or "auto"
     mask_truncated_completions: bool
     share_prompt_prefix: bool = True  # rows with one prompt share its forward (grpo.lm.prefix)
+    precision: str = "fp32"  # the model's forward (grpo.precision.PRECISIONS); log-probs fp32
 
 
 def score_completions(
@@ -188,7 +195,9 @@ def _score_logits(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the model's own logits, only those of the positions that
     score a completion token where the model can keep the last few only."""
-    scoring = _scoring_states(model, model, rows, lambda out: out.logits, _keeps_logits(model))
+    with compute_precision(settings.precision, rows.completion_ids.device.type):
+        keep = _keeps_logits(model)
+        scoring = _scoring_states(model, model, rows, lambda out: out.logits, keep)  # (n, T, V)
     temperature = settings.temperature
     logprobs = selective_log_softmax(scoring, rows.completion_ids, temperature=temperature)
     entropy = None
@@ -202,7 +211,8 @@ def _score_folded(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states of `body` and the output layer
     `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor."""
-    scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
+    with compute_precision(settings.precision, rows.completion_ids.device.type):
+        scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
     folded = {"bias": head.bias, "temperature": settings.temperature}
     completion_ids = rows.completion_ids
     logprobs = output_layer_logprobs(scoring, head.weight, completion_ids, **folded)  # (n, T)

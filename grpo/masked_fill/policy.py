@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.functional import entropy_from_logits, filter_logits, selective_log_softmax
+from grpo.precision import check_precision, compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["MaskedFillConfig", "MaskedFillPolicy", "REDUCTIONS"]
@@ -74,8 +75,6 @@ REDUCTIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 _SUPPRESSED_LOGIT = -1e30
 """Logit given to suppressed token ids: exp() of it underflows to 0, yet it stays finite."""
 
-_AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass
 class MaskedFillConfig:
@@ -95,8 +94,13 @@ class MaskedFillConfig:
     """Return the per-position entropy with the token log-probs (costs one pass over V)."""
     suppress_token_ids: tuple[int, ...] = ()
     """Token ids never sampled and given probability zero (mask, padding, specials)."""
+    precision: str = "fp32"
+    """What the model's forward and backward compute in (`grpo.precision`): fp32, bf16-mixed
+    or fp16-mixed (autocast over the model's own weights, on a CPU or a GPU; fp16-mixed needs
+    a gradient scaler in the trainer). Log-probs are float32 in every case."""
     autocast_dtype: str | None = None
-    """'bfloat16' or 'float16' runs the model under autocast on a GPU; ignored on a CPU."""
+    """Older spelling of `precision`, still accepted: 'bfloat16' = bf16-mixed, 'float16' =
+    fp16-mixed. It used to apply on a GPU only; now, as `precision`, on a CPU too."""
     disable_dropout: bool = True
     """Run the model in eval mode in every pass, the gradient pass included, so dropout
     (any module that checks `self.training`) is off and a fill scores the same in the
@@ -111,7 +115,7 @@ class MaskedFillConfig:
             ("temperature", self.temperature, isinstance(self.temperature, (int, float)) and self.temperature > 0, "a number > 0"),
             ("top_p", self.top_p, isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "a number in (0, 1]"),
             ("reduction", self.reduction, self.reduction in REDUCTIONS, f"one of {sorted(REDUCTIONS)}"),
-            ("autocast_dtype", self.autocast_dtype, self.autocast_dtype is None or self.autocast_dtype in _AUTOCAST_DTYPES, f"None or one of {sorted(_AUTOCAST_DTYPES)}"),
+            ("autocast_dtype", self.autocast_dtype, self.autocast_dtype in (None, "bfloat16", "float16"), "None, 'bfloat16' or 'float16'"),
             ("suppress_token_ids", self.suppress_token_ids, all(i >= 0 for i in self.suppress_token_ids), "non-negative token ids"),
             ("disable_dropout", self.disable_dropout, isinstance(self.disable_dropout, bool), "True or False"),
         ]  # fmt: skip
@@ -120,6 +124,10 @@ class MaskedFillConfig:
                 raise ValueError(
                     f"MaskedFillConfig.{field}={value!r} is invalid: expected {allowed}"
                 )
+        if self.autocast_dtype is not None:  # the older spelling wins where it was set
+            self.precision = self.autocast_dtype
+            self.autocast_dtype = None
+        self.precision = check_precision("MaskedFillConfig.precision", self.precision)
 
 
 class MaskedFillPolicy:
@@ -202,12 +210,10 @@ class MaskedFillPolicy:
             self.model.train(was_training)
 
     def _logits(self, ids: Tensor, attention: Tensor, *, sampling: bool = False) -> Tensor:
-        """Model forward: ids (N, T) -> logits (N, T, V), under autocast on a GPU if asked.
+        """Model forward: ids (N, T) -> logits (N, T, V), in `config.precision`.
 
         Eval mode when sampling, and in every pass with `disable_dropout`."""
-        dtype = _AUTOCAST_DTYPES.get(self.config.autocast_dtype or "")
-        use_autocast = dtype is not None and ids.device.type == "cuda"
-        autocast = torch.autocast(ids.device.type, dtype=dtype, enabled=use_autocast)
+        autocast = compute_precision(self.config.precision, ids.device.type)
         with self._eval_mode(always=sampling), autocast:
             if hasattr(self.model, "config") and hasattr(self.model, "get_input_embeddings"):
                 out = self.model(input_ids=ids, attention_mask=attention.long())

@@ -54,7 +54,10 @@ class ModelConfig:
     """Local folder written by `save_pretrained` (config, weights, tokenizer); required by the
     text tasks. Relative paths are relative to the working directory."""
     dtype: str = "auto"
-    """Weights dtype: auto (as saved), float32, bfloat16 or float16."""
+    """Weights dtype: auto (as saved), float32, bfloat16 or float16. Trainable weights stored
+    in bfloat16 or float16 keep no update smaller than half their spacing (a warning says when
+    most would lose them); for bfloat16 speed keep float32 weights and set policy.precision:
+    bf16-mixed."""
     device: str = "auto"
     """cpu, cuda, cuda:N, or auto (cuda when available, else cpu)."""
     lora: LoraSettings | None = None

@@ -97,4 +97,8 @@ def text_parts(config, policy, reward, train, held_out, accuracy, headline) -> T
     def save(path: Path) -> None:
         policy.save_pretrained(str(path), merged=config.model.save_merged)
 
-    return TaskParts(policy, reward, train, run_evaluation if held_out else None, headline, save)
+    scaler = None  # fp16 gradients can underflow: scale the loss
+    if config.policy.precision == "fp16-mixed":
+        scaler = torch.amp.GradScaler(policy.device.type)
+    evaluation = run_evaluation if held_out else None
+    return TaskParts(policy, reward, train, evaluation, headline, save, scaler)

@@ -44,6 +44,7 @@ from torch import Tensor
 from grpo import checkpoint, distributed
 from grpo.config import GRPOConfig
 from grpo.functional.advantages import informative
+from grpo.precision import warn_if_updates_stall
 from grpo.protocols import hook, validate_policy_model, validate_reward_model
 from grpo.records import Rollout
 from grpo.step.advantages import AdvantageEstimator
@@ -122,6 +123,7 @@ class GRPOTrainer:
             build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
             optimizer = build(params)
         self.optimizer = optimizer
+        warn_if_updates_stall(*_trained_and_peak_lr(optimizer))  # weights stored in bf16/fp16
         self.grad_scaler = grad_scaler
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0  # completed train_step calls
@@ -405,3 +407,11 @@ class GRPOTrainer:
         state = checkpoint.load(path)
         self.load_state_dict(state)
         return state
+
+
+def _trained_and_peak_lr(optimizer: Any) -> tuple[list[Tensor], float]:
+    """The optimizer's trainable tensors and its largest (peak, before any schedule) rate."""
+    groups = getattr(optimizer, "param_groups", [])
+    params = [p for g in groups for p in g["params"] if p.requires_grad]
+    rates = [float(g.get("initial_lr", g.get("lr", 0.0))) for g in groups]
+    return params, max(rates, default=0.0)

@@ -369,3 +369,24 @@ def test_ratio_is_exactly_one_before_any_update_despite_dropout(attn_implementat
     assert torch.equal(with_grad.detach(), old)
     # the same step with dropout left on in the gradient pass: the ratio is noise
     assert first_step(attn_implementation, disable_dropout=False)[1]["ratio/mean"] != 1.0
+
+
+@pytest.mark.parametrize("spelling", [{"precision": "bf16-mixed"}, {"autocast_dtype": "bfloat16"}])
+def test_bf16_mixed_scores_float32_logprobs_of_bfloat16_logits_on_a_cpu(spelling):
+    """precision bf16-mixed (or the older autocast_dtype='bfloat16') runs the model's linear
+    layers in bfloat16 on a CPU too; log-probs are the float32 log-softmax of those logits."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(6, 8), nn.Linear(8, 6))
+    config = MaskedFillConfig(mask_token_id=MASK, **spelling)
+    assert config.precision == "bf16-mixed" and config.autocast_dtype is None
+    policy = MaskedFillPolicy(model, config)
+    states, actions = [[MASK, 2, MASK]], [[3, 2, 5]]
+    out = policy.get_token_log_probabilities(states, actions)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(torch.tensor(states))  # (1, 3, 6)
+    assert logits.dtype == torch.bfloat16 and out.logprobs.dtype == torch.float32
+    expected = logits.float().log_softmax(-1)[0, [0, 2], [3, 5]]
+    torch.testing.assert_close(out.logprobs[0, [0, 2]], expected, rtol=0, atol=0)
+    fp32 = MaskedFillPolicy(model, MaskedFillConfig(mask_token_id=MASK))
+    gap = (fp32.get_token_log_probabilities(states, actions).logprobs - out.logprobs).abs().max()
+    assert 0 < gap < 0.05

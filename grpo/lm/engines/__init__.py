@@ -38,16 +38,29 @@ __all__ = [
     "make_rollout_engine",
 ]
 
-ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, Any, RolloutSettings], RolloutEngine]] = {
-    "transformers": lambda model, tokenizer, rollout: TransformersEngine(model, tokenizer),
-    "lean": lambda model, tokenizer, rollout: LeanEngine(model, tokenizer),
-    "vllm": lambda model, tokenizer, rollout: VLLMEngine(model, tokenizer, rollout.vllm),
+
+def _own_model(kind: type) -> Callable[[nn.Module, Any, RolloutSettings, str], RolloutEngine]:
+    """Constructor of an engine sampling with the trainer's model, in `rollout.precision`
+    (None: the scorer's)."""
+
+    def build(model: nn.Module, tokenizer: Any, rollout: RolloutSettings, scorer: str):
+        precision = rollout.precision or scorer
+        return kind(model, tokenizer, precision, scorer, rollout.tis_cap)
+
+    return build
+
+
+ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, Any, RolloutSettings, str], RolloutEngine]] = {
+    "transformers": _own_model(TransformersEngine),
+    "lean": _own_model(LeanEngine),
+    "vllm": lambda model, tokenizer, rollout, scorer: VLLMEngine(model, tokenizer, rollout.vllm),
 }
-"""engine name -> constructor(model, tokenizer, rollout settings)."""
+"""engine name -> constructor(model, tokenizer, rollout settings, scorer precision)."""
 
 
 def make_rollout_engine(
-    rollout: RolloutSettings, model: nn.Module, tokenizer: Any
+    rollout: RolloutSettings, model: nn.Module, tokenizer: Any, scorer_precision: str = "fp32"
 ) -> RolloutEngine:
-    """The engine `rollout.engine` names, built for this model and tokenizer."""
-    return ROLLOUT_ENGINES[rollout.engine](model, tokenizer, rollout)
+    """The engine `rollout.engine` names, built for this model and tokenizer; the loss scores
+    in `scorer_precision` (`grpo.precision.PRECISIONS`)."""
+    return ROLLOUT_ENGINES[rollout.engine](model, tokenizer, rollout, scorer_precision)

@@ -44,6 +44,7 @@ from grpo.lm.engines.base import Samples, sample_in_chunks
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
+from grpo.precision import compute_dtype
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
 
@@ -260,7 +261,7 @@ class LeanDecoder:
         tokens = self.decode(ids, torch.ones_like(ids), settings, (), logits_out=got)[0]
         full = torch.cat([ids, torch.tensor([tokens], device=ids.device)], 1)  # (1, P + new + 1)
         want = model(input_ids=full[:, :-1]).logits[0, P - 1 :].float()  # (new + 1, V)
-        dtype = self.lm_head.weight.dtype
+        dtype = compute_dtype(self.lm_head.weight.dtype, ids.device.type)  # autocast's, if on
         gap = ((torch.cat(got).float() - want).abs().max() / (want.abs().max() + 1)).item()
         tolerance = _CHECK_TOLERANCE.get(dtype, _HALF_TOLERANCE)
         if not gap <= tolerance:
@@ -276,8 +277,16 @@ class LeanEngine(TransformersEngine):
     """Samples with the trainer's model through `LeanDecoder` (see the module docstring);
     eval mode, no_grad and the restored mode as `TransformersEngine`."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any) -> None:
-        super().__init__(model, tokenizer)
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        precision: str = "fp32",
+        scorer_precision: str = "fp32",
+        tis_cap: float | None = None,
+    ) -> None:
+        """Arguments as `TransformersEngine`'s."""
+        super().__init__(model, tokenizer, precision, scorer_precision, tis_cap)
         self.decoder = LeanDecoder(model)
         self.check_gap: float | None = None
         """The self-check's relative logit gap, once the first rollout has run it."""
@@ -311,6 +320,7 @@ class LeanEngine(TransformersEngine):
                 text = decode(new)
                 return any(s in text for s in settings.stop_strings)
 
-        logq: list[list[float]] | None = [[] for _ in range(ids.shape[0])] if settings.truncates else None
+        report = self.reports_logprobs(settings)
+        logq: list[list[float]] | None = [[] for _ in range(ids.shape[0])] if report else None
         new = self.decoder.decode(ids, mask, settings, eos_ids, stopped, logprobs_out=logq)
         return Samples(new, logq)

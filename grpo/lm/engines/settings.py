@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.precision import check_precision
+
 __all__ = [
     "ENGINE_NAMES",
     "UNSHARABLE_LLM_ARGS",
@@ -131,14 +133,7 @@ class VLLMSettings:
             raise ValueError(
                 f"vllm.probe_tolerance: got {tol!r}; allowed: None or a finite number > 0"
             )
-        cap = self.tis_cap
-        if cap is not None and (
-            isinstance(cap, bool)
-            or not isinstance(cap, (int, float))
-            or not math.isfinite(cap)
-            or cap < 1
-        ):
-            raise ValueError(f"vllm.tis_cap: got {cap!r}; allowed: None or a finite number >= 1")
+        _check_cap("vllm.tis_cap", self.tis_cap)
         if not isinstance(self.engine_kwargs, Mapping):
             raise ValueError(
                 f"vllm.engine_kwargs: got {type(self.engine_kwargs).__name__}; allowed: a mapping"
@@ -171,9 +166,22 @@ class RolloutSettings:
     build: docs/vllm.md)."""
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
     """Settings of the vLLM engine (used when engine is "vllm")."""
+    precision: str | None = None
+    """What the transformers and lean engines compute in while sampling (fp32, bf16-mixed,
+    fp16-mixed: `grpo.precision`); None = policy.precision. When it differs from
+    policy.precision, sampling is no longer the scorer's distribution: the old-log-prob pass
+    runs, the rollout metrics report the gap (rollout/logprob_gap_*), and `tis_cap` weighs
+    the loss. vLLM has its own vllm.dtype."""
+    tis_cap: float | None = None
+    """Cap C of truncated importance sampling, w = min(π_old / π_sampler, C) per token, when
+    the transformers or lean engine samples in another precision than the scorer's; None = no
+    correction. Must be >= 1. (vLLM's is vllm.tis_cap.)"""
 
     def __post_init__(self) -> None:
         _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")
+        if self.precision is not None:
+            self.precision = check_precision("rollout.precision", self.precision)
+        _check_cap("rollout.tis_cap", self.tis_cap)
         if not isinstance(self.vllm, VLLMSettings):
             raise TypeError(
                 f"rollout.vllm: got {type(self.vllm).__name__}; allowed: VLLMSettings "
@@ -190,6 +198,16 @@ class RolloutSettings:
             _check_keys("rollout.vllm", vllm, VLLMSettings)
             vllm = VLLMSettings(**vllm)
         return cls(vllm=vllm, **values)
+
+
+def _check_cap(name: str, cap: Any) -> None:
+    if cap is not None and (
+        isinstance(cap, bool)
+        or not isinstance(cap, (int, float))
+        or not math.isfinite(cap)
+        or cap < 1
+    ):
+        raise ValueError(f"{name}: got {cap!r}; allowed: None or a finite number >= 1")
 
 
 def _check_choice(name: str, value: Any, allowed: tuple[str, ...], owner: str = "vllm") -> None:

@@ -8,6 +8,12 @@ unset from `model.generation_config` (a checkpoint's `generation_config.json`:
 own `generation_config` *is* that fresh config, and the merge has nothing to
 add whatever the checkpoint ships. Sampling is seeded through a forked RNG (`sample_in_chunks`), so it is
 reproducible without disturbing the caller's global random state.
+
+The engine computes in its own `precision` (`grpo.precision`: bf16-mixed runs
+`generate` under bfloat16 autocast). When that is not the scorer's, the
+sampler is no longer the scorer (`samples_with_scorer` False) and the engine
+returns the log-prob it gave each sampled token, for the policy's gap metrics
+and importance weights.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from torch import Tensor, nn
 from grpo.functional.sampling import sampled_logprobs
 from grpo.lm.engines.base import Samples, sample_in_chunks
 from grpo.lm.sampling import GenerationSettings
+from grpo.precision import compute_precision
 
 __all__ = ["TransformersEngine", "sample_token_ids"]
 
@@ -32,12 +39,21 @@ class TransformersEngine:
     Subclasses that also sample with the trainer's model change `_samples` only.
     """
 
-    tis_cap = None  # the sampler is the scorer: nothing to correct
-    samples_with_scorer = True
-
-    def __init__(self, model: nn.Module, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        precision: str = "fp32",
+        scorer_precision: str = "fp32",
+        tis_cap: float | None = None,
+    ) -> None:
+        """`precision`: what sampling computes in; `scorer_precision`: what the loss scores
+        in; `tis_cap`: the importance-weight cap when they differ (None = no weights)."""
         self.model = model
         self.tokenizer = tokenizer
+        self.precision = precision
+        self.samples_with_scorer = precision == scorer_precision
+        self.tis_cap = None if self.samples_with_scorer else tis_cap
         self.metrics: dict[str, float] = {}  # nothing to report beyond the policy's own
 
     def sample(
@@ -49,8 +65,9 @@ class TransformersEngine:
     ) -> Samples:
         was_training = self.model.training
         self.model.eval()  # seed 001: no dropout noise in the behaviour policy
+        device_type = next(self.model.parameters()).device.type
         try:
-            with torch.no_grad():
+            with torch.no_grad(), compute_precision(self.precision, device_type):
                 return self._samples(prompt_rows, settings, eos_ids, seed)
         finally:
             self.model.train(was_training)
@@ -62,9 +79,17 @@ class TransformersEngine:
         eos_ids: list[int],
         seed: int | None,
     ) -> Samples:
-        """New ids per row (eval mode, no_grad), with their sampler log-probs when the
-        sampling distribution is truncated (`GenerationSettings.truncates`)."""
-        return sample_token_ids(self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed)
+        """New ids per row (eval mode, no_grad), with their sampler log-probs when they are
+        not the scorer's (`reports_logprobs`)."""
+        return sample_token_ids(
+            self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed,
+            self.reports_logprobs(settings),
+        )  # fmt: skip
+
+    def reports_logprobs(self, settings: GenerationSettings) -> bool:
+        """True when the sampled distribution is not the scorer's: truncated (top-k, top-p),
+        or computed in another precision."""
+        return settings.truncates or not self.samples_with_scorer
 
 
 def sample_token_ids(
@@ -74,18 +99,20 @@ def sample_token_ids(
     settings: GenerationSettings,
     eos_ids: list[int],
     seed: int | None,
+    logprobs: bool | None = None,
 ) -> Samples:
     """Generate new tokens for each prompt row (rows already repeated G times) -> (n, <= T);
-    with top-k/top-p also log q of each token under the truncated distribution it came from
-    (`_SampledLogprobs`: one step's scores kept at a time, never (n, T, V))."""
+    with `logprobs` (None: with top-k/top-p) also log q of each token under the distribution
+    it came from (`_SampledLogprobs`: one step's scores kept at a time, never (n, T, V))."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-    truncated = settings.truncates
     config = GenerationConfig(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=list(eos_ids),
         **settings.generation_config_kwargs(),
     )
+
+    truncated = settings.truncates if logprobs is None else logprobs
 
     def decode(ids: Tensor, mask: Tensor) -> Samples:
         stop = StoppingCriteriaList()

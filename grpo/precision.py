@@ -1,0 +1,119 @@
+"""Compute precision of a policy: one name for every policy, its autocast, and a check.
+
+    with compute_precision("bf16-mixed", "cpu"):    # forward (and so backward) in bfloat16
+        loss = policy_loss(...)
+
+`PRECISIONS` names what a policy's forward and backward compute in, while
+its weights, their gradients and the optimizer state stay float32 (mixed
+precision, Micikevicius et al. 2018): `torch.autocast` runs matrix products
+in the low dtype from float32 weights and gradients come back in float32.
+Everything computed from the model's outputs after it (log-softmax, loss,
+advantages, KL) is float32 as without it.
+
+`update_stall_share` estimates, for weights *stored* in bfloat16 or float16,
+the share whose value an optimizer step of size `lr` cannot change: a step
+rounds away when it is below half the spacing of the dtype's numbers near
+the weight (an Adam(W) step moves each weight by about `lr`).
+`warn_if_updates_stall` turns that into one warning naming the key to use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PRECISIONS",
+    "PRECISION_ALIASES",
+    "check_precision",
+    "compute_dtype",
+    "compute_precision",
+    "update_stall_share",
+    "warn_if_updates_stall",
+]
+
+PRECISIONS: dict[str, torch.dtype | None] = {
+    "fp32": None,  # everything in the weights' own dtype
+    "bf16-mixed": torch.bfloat16,  # float32 weights, bfloat16 matrix products (autocast)
+    "fp16-mixed": torch.float16,  # as bf16-mixed; needs a gradient scaler against underflow
+}
+"""precision name -> autocast dtype (None = no autocast)."""
+
+PRECISION_ALIASES: dict[str, str] = {
+    "float32": "fp32",
+    "bf16": "bf16-mixed",
+    "bfloat16": "bf16-mixed",
+    "fp16": "fp16-mixed",
+    "float16": "fp16-mixed",
+}
+"""Older spellings still accepted (the fill-in policy's `autocast_dtype`, the fill-in
+example's `precision`), mapped to their `PRECISIONS` name."""
+
+_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}  # stored fraction bits
+
+
+def check_precision(field: str, value: Any) -> str:
+    """`value` as a `PRECISIONS` name (aliases mapped); raises naming `field` otherwise."""
+    name = PRECISION_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in PRECISIONS:
+        allowed = ", ".join([*PRECISIONS, *PRECISION_ALIASES])
+        raise ValueError(f"{field}: got {value!r}; allowed: {allowed}")
+    return name
+
+
+def compute_precision(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """The context a forward (and the backward of what it builds) runs under:
+    `torch.autocast` to the precision's dtype, or nothing for fp32."""
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The dtype matrix products of `dtype` tensors run in here: autocast's dtype while
+    autocast is on for `device_type`, else `dtype` (for tolerances set by rounding)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return dtype
+
+
+def update_stall_share(params: Iterable[Tensor], lr: float) -> tuple[float, int]:
+    """(share of elements whose update of size `lr` rounds away, elements counted) over the
+    bfloat16 / float16 tensors of `params`: |Δw| = lr < ulp(w) / 2 (round to nearest).
+
+    ulp(w) = 2^(e - 1 - bits) for |w| = m · 2^e, m in [0.5, 1): the spacing of the dtype's
+    numbers at w's binade (at an exact power of two, a step towards zero sees half of it).
+    Zeros count as changeable (their spacing is the smallest)."""
+    stalled, total = 0, 0
+    for p in params:
+        bits = _MANTISSA_BITS.get(p.dtype)
+        if bits is None:
+            continue
+        w = p.detach().float().abs()
+        _, exponent = torch.frexp(w)
+        half_ulp = torch.ldexp(torch.ones_like(w), exponent - 2 - bits)  # ulp(w) / 2
+        stalled += int(((half_ulp > lr) & (w > 0)).sum())
+        total += w.numel()
+    return (stalled / total if total else 0.0), total
+
+
+def warn_if_updates_stall(params: Iterable[Tensor], lr: float, threshold: float = 0.5) -> float:
+    """Warn (once per call site, `warnings.warn`) when more than `threshold` of the trainable
+    low-precision weights cannot move by a step of `lr`; returns the share."""
+    share, total = update_stall_share(params, lr)
+    if total and share > threshold:
+        warnings.warn(
+            f"{share:.1%} of the {total:,} trainable bfloat16/float16 weights sit where that "
+            f"dtype's numbers are more than 2 * lr = {2 * lr:.3g} apart, so an update of about "
+            "lr (an Adam step) rounds away and leaves them unchanged: training "
+            "stalls silently. Keep the weights in float32 (model.dtype: float32) and compute "
+            "in bfloat16 with policy.precision: bf16-mixed instead.",
+            stacklevel=3,
+        )
+    return share

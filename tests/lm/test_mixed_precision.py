@@ -1,0 +1,168 @@
+"""bf16-mixed for causal-LM policies: scoring, the engines as samplers, updates, resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import load_tiny_causal_lm
+
+from grpo.config import GRPOConfig
+from grpo.lm.engines import RolloutSettings
+from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
+from grpo.lm.sampling import GenerationSettings
+from grpo.precision import update_stall_share
+from grpo.rewards.combine import TextReward
+from grpo.step.trainer import GRPOTrainer
+
+PROMPTS = [{"prompt": p} for p in ("say a b c", "count", "one two three four five", "b")]
+REWARD = TextReward(lambda prompts, completions, **_: [float(len(c)) for c in completions])
+
+
+def policy_with(path, precision="fp32", engine="transformers", dtype=None, sampler=None, cap=None):
+    model, tokenizer = load_tiny_causal_lm(path)
+    if dtype is not None:
+        model = model.to(dtype)
+    settings = CausalLMSettings(
+        GenerationSettings(max_new_tokens=6, temperature=1.0, seed=3), precision=precision
+    )
+    return CausalLMPolicy(
+        model, tokenizer, settings, RolloutSettings(engine, precision=sampler, tis_cap=cap)
+    )
+
+
+def sampled(policy, states=PROMPTS[:2], G=4):
+    return [a for group in policy.generate_actions(states, G) for a in group]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_bf16_mixed_scores_in_float32_within_bf16_rounding_of_fp32(tiny_lm_dir, chunked):
+    """bf16-mixed log-probs are float32, within 0.05 of the fp32 ones, and give fp32 gradients
+    within 5 % (relative norm) of fp32's, with the plain and the chunked output layer."""
+    fp32 = policy_with(tiny_lm_dir("llama"))
+    fp32.settings.chunked_output_layer = chunked
+    actions = sampled(fp32)
+    states = [s for s in PROMPTS[:2] for _ in range(4)]
+    got = {}
+    for precision in ("fp32", "bf16-mixed"):
+        fp32.settings.precision = precision
+        fp32.model.zero_grad()
+        out = fp32.get_token_log_probabilities(states, actions)
+        (out.logprobs * out.completion_mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in fp32.model.parameters()])
+        got[precision] = out.logprobs.detach(), grads
+    (lp32, g32), (lp16, g16) = got["fp32"], got["bf16-mixed"]
+    assert lp16.dtype == torch.float32 and g16.dtype == torch.float32
+    assert 0 < (lp16 - lp32).abs().max() < 0.05
+    assert (g16 - g32).norm() / g32.norm() < 0.05
+
+
+@pytest.mark.parametrize("engine", ["transformers", "lean"])
+def test_a_sampler_in_another_precision_is_not_the_scorer_and_reports_the_gap(tiny_lm_dir, engine):
+    """rollout.precision bf16-mixed under an fp32 scorer: sampler_is_scorer is False, every
+    completion carries its sampler log-probs, the rollout gap is > 0 and < 0.05 per token, and
+    rollout.tis_cap gives importance weights; the same precision on both sides gives none."""
+    same = policy_with(tiny_lm_dir("llama"), "bf16-mixed", engine)
+    assert same.sampler_is_scorer
+    assert all(a.engine_logprobs is None for a in sampled(same))
+
+    policy = policy_with(tiny_lm_dir("llama"), "fp32", engine, sampler="bf16-mixed", cap=2.0)
+    assert not policy.sampler_is_scorer
+    actions = sampled(policy)
+    assert all(len(a.engine_logprobs) == a.num_tokens for a in actions)
+    with torch.no_grad():
+        old = policy.get_token_log_probabilities([None] * len(actions), actions)
+    gap = policy.rollout_metrics["rollout/logprob_gap_max"]
+    assert 0 < policy.rollout_metrics["rollout/logprob_gap_mean"] <= gap < 0.05
+    weights = policy.rollout_importance_weights(actions, old.logprobs)
+    assert weights is not None and weights.shape == old.logprobs.shape
+    assert torch.all(weights <= 2.0) and (weights[old.completion_mask] != 1).any()
+
+
+def test_the_trainer_runs_the_old_pass_when_the_sampler_precision_differs(tiny_lm_dir):
+    """With the sampler in bf16 and the scorer in fp32, a μ = 1 step scores π_old in a no-grad
+    pass (it is not the gradient pass's detached value) and logs the gap."""
+    policy = policy_with(tiny_lm_dir("llama"), "fp32", "lean", sampler="bf16-mixed")
+    passes = []
+    score = policy.get_token_log_probabilities
+    policy.get_token_log_probabilities = lambda s, a: (
+        passes.append(torch.is_grad_enabled()) or score(s, a)
+    )
+    config = GRPOConfig(group_size=4, batch_size=8, ref_update_frequency=0, kl_coeff=0.0)
+    trainer = GRPOTrainer(
+        policy, REWARD, optimizer=torch.optim.SGD(policy.model.parameters(), lr=0.1), config=config
+    )
+    trainer.train_step(PROMPTS[:2])
+    assert passes[0] is False and True in passes
+    assert policy.rollout_metrics["rollout/logprob_gap_mean"] > 0
+
+
+def _share_changed(path, dtype, precision):
+    """Share of the weights with a nonzero gradient that one AdamW step at lr 1e-6 changes,
+    and the estimated share that cannot change."""
+    policy = policy_with(path, precision, dtype=dtype)
+    actions = sampled(policy)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-6, weight_decay=0.0)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    out = policy.get_token_log_probabilities([None] * len(actions), actions)
+    (out.logprobs * out.completion_mask).sum().backward()
+    optimizer.step()
+    touched = changed = 0
+    for p, b in zip(policy.model.parameters(), before, strict=True):
+        moved = p.grad != 0
+        touched += int(moved.sum())
+        changed += int(((p.detach() != b) & moved).sum())
+    stalled, _ = update_stall_share(before, 1e-6)
+    return changed / touched, stalled
+
+
+def test_at_lr_1e6_pure_bf16_weights_barely_move_while_bf16_mixed_moves_them_all(tiny_lm_dir):
+    """One AdamW step at lr 1e-6: bf16-mixed changes every fp32 master weight with a gradient;
+    weights stored in bfloat16 change in under 5 % of places, as the stall estimate predicts."""
+    path = tiny_lm_dir("llama")
+    mixed, _ = _share_changed(path, None, "bf16-mixed")
+    pure, stalled = _share_changed(path, torch.bfloat16, "fp32")
+    assert mixed == 1.0
+    assert pure < 0.05 and stalled > 0.95
+
+
+def test_bf16_weights_at_a_small_lr_warn_once_and_bf16_mixed_does_not(tiny_lm_dir, recwarn):
+    """A trainer over bf16 weights at lr 1e-6 warns naming policy.precision; over fp32 weights
+    with bf16-mixed it does not."""
+    config = GRPOConfig(group_size=4, batch_size=8, ref_update_frequency=0, kl_coeff=0.0)
+    policy = policy_with(tiny_lm_dir("llama"), dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match="policy.precision: bf16-mixed"):
+        GRPOTrainer(
+            policy, REWARD, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6), config=config
+        )
+    recwarn.clear()
+    policy = policy_with(tiny_lm_dir("llama"), "bf16-mixed")
+    GRPOTrainer(policy, REWARD, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6), config=config)
+    assert not [w for w in recwarn if "policy.precision" in str(w.message)]
+
+
+def _trainer(path, precision="bf16-mixed"):
+    torch.manual_seed(0)
+    policy = policy_with(path, precision, "lean")
+    config = GRPOConfig(group_size=4, batch_size=8, ref_update_frequency=0, kl_coeff=0.0)
+    return GRPOTrainer(
+        policy, REWARD, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3), config=config
+    )
+
+
+def test_bf16_mixed_resume_is_bitwise_identical(tiny_lm_dir, tmp_path):
+    """2 bf16-mixed steps straight == 1 step, checkpoint (with the policy's sampling state, as
+    the run loop keeps it), a fresh trainer and 1 more step: bitwise the same weights."""
+    path = tiny_lm_dir("llama")
+    straight = _trainer(path)
+    for _ in range(2):
+        straight.train_step(PROMPTS[:2])
+    first = _trainer(path)
+    first.train_step(PROMPTS[:2])
+    first.save_checkpoint(str(tmp_path / "ck.pt"))
+    torch.manual_seed(7)
+    resumed = _trainer(path)
+    resumed.load_checkpoint(str(tmp_path / "ck.pt"))
+    resumed.policy.load_sampling_state(first.policy.sampling_state())
+    resumed.train_step(PROMPTS[:2])
+    pairs = zip(straight.policy.model.parameters(), resumed.policy.model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)

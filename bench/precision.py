@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -194,7 +195,11 @@ def demo(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("part", choices=["kernels", "steps", "demo", "worker"])
-    parser.add_argument("--model", default="/work/cache/smollm2-hf")
+    parser.add_argument(
+        "--model",
+        default=os.path.expanduser("~/.cache/grpo/models/SmolLM2-135M-Instruct-dequantized-Q4_1"),
+        help="a Hugging Face folder (default: where `grpo fetch smollm2` writes)",
+    )
     parser.add_argument("--variant", choices=sorted(VARIANTS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)

@@ -1,6 +1,6 @@
 """Peak memory of one whole GRPO training step on a real model, with and without a folded output layer.
 
-    python bench/real_model_memory.py --model /work/cache/smollm2-hf          # B=4 x G=4 x T=64
+    python bench/real_model_memory.py --model "$(grpo fetch smollm2)"        # B=4 x G=4 x T=64
     python bench/real_model_memory.py --model DIR -B 8 -G 8 -T 128 --engines lean
     python bench/real_model_memory.py --model DIR --code OLD_CHECKOUT --fold false
 

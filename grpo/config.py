@@ -30,7 +30,7 @@ from grpo.functional.advantages import BASELINES, SCALES
 from grpo.functional.kl import KL_ESTIMATORS
 from grpo.functional.losses import AGGREGATIONS, POLICY_LOSSES
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "check_on_policy"]
 
 
 @dataclass
@@ -174,6 +174,20 @@ class GRPOConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain-type copy of every field (JSON/YAML-safe)."""
         return dataclasses.asdict(self)
+
+
+def check_on_policy(config: GRPOConfig, N: int) -> None:
+    """REINFORCE ignores π_old: every optimizer step of a rollout of N samples after the first
+    would train on off-policy samples uncorrected, so a step of N samples is refused."""
+    c = config
+    if c.loss_type == "reinforce" and c.batch_size * c.gradient_accumulation_steps < N:
+        raise ValueError(
+            f"loss_type='reinforce' with batch_size={c.batch_size} x "
+            f"gradient_accumulation_steps={c.gradient_accumulation_steps} < N={N} samples: "
+            "several optimizer steps per rollout, and REINFORCE has no importance ratio to "
+            "correct the later ones; allowed: batch_size * gradient_accumulation_steps >= N, "
+            "or loss_type='clipped'"
+        )
 
 
 def _check_int(config: GRPOConfig, name: str, *, minimum: int) -> None:

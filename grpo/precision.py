@@ -34,6 +34,8 @@ __all__ = [
     "compute_dtype",
     "compute_precision",
     "update_stall_share",
+    "trained_and_peak_lr",
+    "update_stall_share",
     "warn_if_updates_stall",
 ]
 
@@ -117,3 +119,11 @@ def warn_if_updates_stall(params: Iterable[Tensor], lr: float, threshold: float 
             stacklevel=3,
         )
     return share
+
+
+def trained_and_peak_lr(optimizer: Any) -> tuple[list[Tensor], float]:
+    """The optimizer's trainable tensors and its largest (peak, before any schedule) rate."""
+    groups = getattr(optimizer, "param_groups", [])
+    params = [p for g in groups for p in g["params"] if p.requires_grad]
+    rates = [float(g.get("initial_lr", g.get("lr", 0.0))) for g in groups]
+    return params, max(rates, default=0.0)

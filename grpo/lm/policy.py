@@ -55,6 +55,7 @@ from grpo.lm.loading import (
     load_model_and_tokenizer,
     save_model,
 )
+from grpo.lm.model_setup import context_length, disable_dropout, enable_checkpointing, eos_ids
 from grpo.lm.reference import AdapterDisabledReference
 from grpo.lm.sampling import (
     GenerationSettings,
@@ -137,15 +138,15 @@ class CausalLMPolicy:
         self.tokenizer = tokenizer
         self.settings = CausalLMSettings() if settings is None else settings
         ensure_pad_token(tokenizer)
-        self.eos_token_ids = _eos_ids(model, tokenizer)
-        self.context_length = _context_length(model)
+        self.eos_token_ids = eos_ids(model, tokenizer)
+        self.context_length = context_length(model)
         self.rollout_metrics: dict[str, float] = {}
         """Statistics of the last `generate_actions` call and of the last no-grad scoring."""
         self._sampling_calls = 0
         if self.settings.disable_dropout:
             disable_dropout(model)
         if self.settings.gradient_checkpointing:
-            _enable_checkpointing(model)
+            enable_checkpointing(model)
             if is_peft_model(model):
                 model.enable_input_require_grads()
         self.rollout = RolloutSettings() if rollout is None else rollout
@@ -389,41 +390,6 @@ class CausalLMPolicy:
         return save_model(self.model, self.tokenizer, path, merged=merged)
 
 
-def disable_dropout(model: nn.Module) -> None:
-    """Every dropout probability of the model set to 0, by rule rather than by list: each
-    dropout module's `p`, and every number attribute named like a dropout ("dropout" in the
-    name, or ending in "_pdrop") of each module and of each module's config (sub-configs
-    included). Attention dropout is such a number, read by the attention at forward time."""
-    for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            module.p = 0.0
-        _zero_dropout_fields(module)
-        config = getattr(module, "config", None)
-        if config is not None and not isinstance(config, nn.Module):
-            _zero_dropout_fields(config)
-
-
-def _zero_dropout_fields(owner: Any, seen: set[int] | None = None) -> None:
-    """Set owner's dropout-named numbers to 0.0, recursing into configs it holds."""
-    seen = set() if seen is None else seen
-    if id(owner) in seen:
-        return
-    seen.add(id(owner))
-    for name, value in list(vars(owner).items()):
-        if (
-            _is_dropout_name(name)
-            and isinstance(value, (int, float))
-            and not isinstance(value, bool)
-        ):
-            setattr(owner, name, 0.0)
-        elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
-            _zero_dropout_fields(value, seen)
-
-
-def _is_dropout_name(name: str) -> bool:
-    return "dropout" in name or name.endswith("_pdrop")
-
-
 def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:
     lengths = torch.tensor([c.num_tokens for c in completions], dtype=torch.float64)  # (N,)
     return {
@@ -432,33 +398,3 @@ def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:
         "completion/truncated_frac": sum(c.truncated for c in completions) / len(completions),
         "completion/eos_frac": sum(c.finished_by_eos for c in completions) / len(completions),
     }
-
-
-def _enable_checkpointing(model: nn.Module) -> None:
-    """Activation checkpointing, non-reentrant (works with frozen inputs and LoRA)."""
-    kwargs = {"use_reentrant": False}
-    if callable(getattr(model, "activation_checkpointing_enable", None)):  # transformers >= 5
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _eos_ids(model: nn.Module, tokenizer: Any) -> list[int]:
-    """The tokenizer's EOS and every EOS the model's generation config lists."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += [extra] if isinstance(extra, int) else list(extra or [])
-    if not ids:
-        raise ValueError(
-            "neither the tokenizer nor the model's generation_config names an EOS token"
-        )
-    return sorted(set(ids))
-
-
-def _context_length(model: nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None

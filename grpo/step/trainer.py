@@ -42,9 +42,9 @@ import torch
 from torch import Tensor
 
 from grpo import checkpoint, distributed
-from grpo.config import GRPOConfig
+from grpo.config import GRPOConfig, check_on_policy
 from grpo.functional.advantages import informative
-from grpo.precision import warn_if_updates_stall
+from grpo.precision import trained_and_peak_lr, warn_if_updates_stall
 from grpo.protocols import hook, validate_policy_model, validate_reward_model
 from grpo.records import Rollout
 from grpo.step.advantages import AdvantageEstimator
@@ -123,7 +123,7 @@ class GRPOTrainer:
             build = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
             optimizer = build(params)
         self.optimizer = optimizer
-        warn_if_updates_stall(*_trained_and_peak_lr(optimizer))  # weights stored in bf16/fp16
+        warn_if_updates_stall(*trained_and_peak_lr(optimizer))  # weights stored in bf16/fp16
         self.grad_scaler = grad_scaler
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step_count = 0  # completed train_step calls
@@ -153,7 +153,7 @@ class GRPOTrainer:
         timer = StepTimer()
         local, metrics = self._collect(states, refill, timer)  # this process's samples
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
-        self._check_on_policy(len(rewards))
+        check_on_policy(self.config, len(rewards))
         advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
         skip_zero = self._skips_zero_advantage()
         counts = loss_token_counts(self.policy, local)  # (n,) None: unknown until scored
@@ -182,19 +182,6 @@ class GRPOTrainer:
             self.best_loss = min(self.best_loss, metrics["step_loss"])
         self.history.append(metrics)
         return metrics
-
-    def _check_on_policy(self, N: int) -> None:
-        """REINFORCE ignores π_old: every optimizer step of a rollout after the first would
-        train on off-policy samples uncorrected."""
-        c = self.config
-        if c.loss_type == "reinforce" and c.batch_size * c.gradient_accumulation_steps < N:
-            raise ValueError(
-                f"loss_type='reinforce' with batch_size={c.batch_size} x "
-                f"gradient_accumulation_steps={c.gradient_accumulation_steps} < N={N} samples: "
-                "several optimizer steps per rollout, and REINFORCE has no importance ratio to "
-                "correct the later ones; allowed: batch_size * gradient_accumulation_steps >= N, "
-                "or loss_type='clipped'"
-            )
 
     def _collect(
         self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None, timer: StepTimer
@@ -408,10 +395,3 @@ class GRPOTrainer:
         self.load_state_dict(state)
         return state
 
-
-def _trained_and_peak_lr(optimizer: Any) -> tuple[list[Tensor], float]:
-    """The optimizer's trainable tensors and its largest (peak, before any schedule) rate."""
-    groups = getattr(optimizer, "param_groups", [])
-    params = [p for g in groups for p in g["params"] if p.requires_grad]
-    rates = [float(g.get("initial_lr", g.get("lr", 0.0))) for g in groups]
-    return params, max(rates, default=0.0)

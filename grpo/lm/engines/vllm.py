@@ -384,9 +384,7 @@ class VLLMEngine:
 
 
 def _match_names(
-    engine_params: dict[str, torch.Tensor],
-    weights: dict[str, torch.Tensor],
-    settings: VLLMSettings,
+    engine_params: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], settings: VLLMSettings
 ) -> dict[str, tuple[str, ...]]:
     """vLLM name -> trainer names; {} when nothing needs them (unchecked copies)."""
     if settings.weight_sync == "load_weights" and not settings.check_weights:
@@ -398,5 +396,3 @@ def _match_names(
             f"{error}. To copy weights without matching names (and without checks), set "
             "vllm.weight_sync: load_weights and vllm.check_weights: false"
         ) from error
-
-

@@ -25,7 +25,7 @@ Choices:
   the sampled ids are cut into completions here, so masks do not depend on the
   engine. With vLLM, the gap between its log-probs and the trainer's is a
   rollout metric, and `rollout_importance_weights` gives the loss truncated
-  importance weights when `vllm.tis_cap` is set.
+  importance weights when `rollout.tis_cap` is set.
 - Sampling with top-k or top-p draws from a truncated distribution q that the
   loss (the full tempered softmax p) does not score. The engines then report
   log q of each sampled token, the rollout's log π_old is recorded, and the
@@ -345,7 +345,7 @@ class CausalLMPolicy:
         """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1).
 
         Two samplers differ from the scoring distribution: another engine (vLLM: weights
-        capped at `vllm.tis_cap`, truncated importance sampling) and top-k / top-p
+        capped at `rollout.tis_cap`, truncated importance sampling) and top-k / top-p
         truncation, which draws from q = p / Z on the kept set while the loss scores the
         full tempered p: the weight p / q = Z <= 1 makes the update the one for samples
         of p (capped at 1, which only clips rounding).

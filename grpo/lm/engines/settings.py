@@ -104,8 +104,7 @@ class VLLMSettings:
     log-prob on a fixed probe sequence that the check accepts; None = by dtype (float32
     1e-2, bfloat16 0.1, float16 0.05). Must be > 0."""
     tis_cap: float | None = None
-    """Cap C of truncated importance sampling, w = min(π_trainer / π_vllm, C) per token on
-    the policy loss (Yao et al. 2025); None = no correction. Must be >= 1."""
+    """Older spelling of rollout.tis_cap, still accepted (the two are kept equal)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further `vllm.LLM(...)` arguments (e.g. max_num_seqs); the ones the engine sets
     itself, and those that change how vLLM stores or computes with the weights
@@ -173,9 +172,10 @@ class RolloutSettings:
     runs, the rollout metrics report the gap (rollout/logprob_gap_*), and `tis_cap` weighs
     the loss. vLLM has its own vllm.dtype."""
     tis_cap: float | None = None
-    """Cap C of truncated importance sampling, w = min(π_old / π_sampler, C) per token, when
-    the transformers or lean engine samples in another precision than the scorer's; None = no
-    correction. Must be >= 1. (vLLM's is vllm.tis_cap.)"""
+    """Cap C of truncated importance sampling, w = min(π_old / π_sampler, C) per token on the
+    policy loss (Yao et al. 2025), for any engine whose sampler is not the scorer (vLLM, or
+    the transformers and lean engines sampling in another precision); None = no correction.
+    Must be >= 1."""
 
     def __post_init__(self) -> None:
         _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")
@@ -187,6 +187,17 @@ class RolloutSettings:
                 f"rollout.vllm: got {type(self.vllm).__name__}; allowed: VLLMSettings "
                 "(use RolloutSettings.from_dict for a mapping)"
             )
+        self._one_tis_cap()
+
+    def _one_tis_cap(self) -> None:
+        """rollout.tis_cap and its older spelling vllm.tis_cap: one value, held by both."""
+        cap, old = self.tis_cap, self.vllm.tis_cap
+        if cap is not None and old is not None and cap != old:
+            raise ValueError(
+                f"rollout.tis_cap={cap} and vllm.tis_cap={old}: one cap, two spellings; "
+                "allowed: set rollout.tis_cap only"
+            )
+        self.tis_cap = self.vllm.tis_cap = cap if cap is not None else old
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RolloutSettings:

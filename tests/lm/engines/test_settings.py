@@ -94,3 +94,13 @@ def test_from_dict_rejects_unknown_keys(values, match):
     """Misspelt keys at either level are named, with the allowed keys."""
     with pytest.raises(ValueError, match=match):
         RolloutSettings.from_dict(values)
+
+
+def test_one_tis_cap_for_every_engine_with_the_older_vllm_spelling_accepted():
+    """rollout.tis_cap is the cap; vllm.tis_cap alone sets it too; two different values are
+    refused naming both keys."""
+    assert RolloutSettings(tis_cap=2.0).vllm.tis_cap == 2.0  # the vLLM engine reads it there
+    assert RolloutSettings(vllm=VLLMSettings(tis_cap=3.0)).tis_cap == 3.0
+    assert RolloutSettings(tis_cap=2.0, vllm=VLLMSettings(tis_cap=2.0)).tis_cap == 2.0
+    with pytest.raises(ValueError, match=r"rollout\.tis_cap=2\.0 and vllm\.tis_cap=3\.0"):
+        RolloutSettings(tis_cap=2.0, vllm=VLLMSettings(tis_cap=3.0))

@@ -1,14 +1,17 @@
-"""One training run of `grpo` or TRL on an arithmetic workload, with held-out accuracy
-against training wall time: the worker side of `bench/time_to_accuracy.py`.
+"""One training run of `grpo` or TRL on a workload, with held-out accuracy against
+training wall time: the worker side of `bench/time_to_accuracy.py`.
 
-Both libraries get the same things, all taken from one grpo `RunConfig`
-(configs/demo.yaml plus the workload's overrides): the shipped arith-tiny model,
-the same train and held-out problems (built by grpo's arithmetic task), the same
-reward function, B prompts x G samples per step, the same sampling settings,
-AdamW at the same rate with the same warm-up + cosine schedule, the same
-gradient clip, no KL, a token-mean loss, fp32 on the CPU, the same thread count.
+Both libraries get the same things, all taken from one grpo `RunConfig` (the
+workload's config file plus its overrides: configs/demo.yaml's arithmetic on the
+shipped arith-tiny model, or configs/smollm2_math.yaml's word problems on
+SmolLM2-135M-Instruct, prompts as chat messages through the model's chat
+template in both): the same model folder, the same train and held-out problems
+(built by grpo's task), the same reward functions and weights, B prompts x G
+samples per step, the same sampling settings, AdamW at the same rate with the
+same schedule, the same gradient clip, no KL, a token-mean loss, the same
+precision (fp32, or bf16 autocast: TRL's `bf16=True`), the same thread count.
 
-Evaluation is identical too: grpo's own evaluator (greedy, the 500 held-out
+Evaluation is identical too: grpo's own evaluator (greedy, the task's held-out
 problems) on a grpo policy holding a copy of the trained weights. Its time is
 not counted: the clock runs only while a library trains (sampling, rewards,
 loss, backward, optimizer), so "seconds" is training wall time, and
@@ -32,11 +35,29 @@ REPO = Path(__file__).resolve().parents[1]
 ACCURACY = "eval/greedy/accuracy"
 
 
+EXTRA = (  # more held-out figures recorded where the task reports them (word problems)
+    "eval/heldout_numbers/greedy/accuracy",
+    "eval/heldout_phrasings/greedy/accuracy",
+    "eval/greedy/length_mean",
+)
+
+
 def run_config(overrides: list[str], seed: int, run_dir: str) -> Any:
+    """The workload's config: the first override may be `config=FILE` (default configs/demo.yaml)."""
     from grpo.run.config_files import load_config
 
+    path = REPO / "configs" / "demo.yaml"
+    if overrides and overrides[0].startswith("config="):
+        path, overrides = REPO / overrides[0].split("=", 1)[1], overrides[1:]
     sets = [*overrides, f"seed={seed}", f"run.dir={run_dir}", "evaluation.modes=[greedy]"]
-    return load_config(str(REPO / "configs" / "demo.yaml"), sets)
+    return load_config(str(path), sets)
+
+
+def point(metrics: dict, step: int, seconds: float, cpu: float) -> dict:
+    """One evaluation's record: the headline accuracy and the task's extra figures."""
+    extra = {key.split("/", 1)[1]: metrics[key] for key in EXTRA if key in metrics}
+    return {"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": metrics[ACCURACY],
+            **extra}  # fmt: skip
 
 
 def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list[dict]:
@@ -50,10 +71,7 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     points, seconds, cpu = [], 0.0, 0.0
     for step in range(config.schedule.num_steps + 1):
         if step % eval_every == 0 or step == config.schedule.num_steps:
-            accuracy = parts.evaluate()[0][ACCURACY]
-            points.append(
-                {"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": accuracy}
-            )
+            points.append(point(parts.evaluate()[0], step, seconds, cpu))
         if step < config.schedule.num_steps:
             start, start_cpu = time.perf_counter(), time.process_time()
             loop.train_step()
@@ -74,7 +92,8 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
         top_p=gen.top_p, top_k=gen.top_k, beta=0.0, learning_rate=s.learning_rate,
         lr_scheduler_type=s.lr_scheduler, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
         adam_beta1=s.adam_betas[0], adam_beta2=s.adam_betas[1], max_grad_norm=g.max_grad_norm,
-        max_steps=s.num_steps, use_cpu=True, bf16=False, fp16=False, use_vllm=False,
+        max_steps=s.num_steps, use_cpu=True, bf16=config.policy.precision == "bf16-mixed",
+        fp16=False, use_vllm=False,
         report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",
         scale_rewards="group", mask_truncated_completions=False, log_completions=False,
@@ -90,8 +109,6 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
 
     from grpo.cli.tasks import build_task
     from grpo.run.train import seed_everything
-    from grpo.tasks import arithmetic
-
     config = run_config(overrides, seed, str(out / "grpo-eval"))
     seed_everything(config.seed, False, config.run.threads)
     parts = build_task(config)  # the data and the evaluator; its policy only evaluates
@@ -105,8 +122,7 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
         parts.policy.model.load_state_dict(model.state_dict())
         seconds = begin - clock["started"] - clock["off"]
         cpu = begin_cpu - clock["cpu_started"] - clock["cpu_off"]
-        accuracy = parts.evaluate()[0][ACCURACY]
-        points.append({"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": accuracy})
+        points.append(point(parts.evaluate()[0], step, seconds, cpu))
         clock["off"] += time.perf_counter() - begin
         clock["cpu_off"] += time.process_time() - begin_cpu
 
@@ -119,12 +135,12 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
             if state.global_step % eval_every == 0 or state.global_step == steps:
                 evaluate(state.global_step, model)
 
-    def correct(prompts, completions, answer, **columns):
-        return arithmetic.reward(prompts, completions, answer)
-
+    functions, weights = trl_rewards(config, parts.reward)
     model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+    args = trl_config(config, seed, out)
+    args.reward_weights = weights
     trainer = GRPOTrainer(
-        model=model, reward_funcs=correct, args=trl_config(config, seed, out),
+        model=model, reward_funcs=functions, args=args,
         train_dataset=Dataset.from_list([dict(r) for r in parts.train_states]),
         processing_class=AutoTokenizer.from_pretrained(config.model.path),
     )  # fmt: skip
@@ -132,6 +148,26 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     torch.set_num_threads(config.run.threads or torch.get_num_threads())
     trainer.train()
     return points
+
+
+def trl_rewards(config: Any, reward: Any) -> tuple[list, list[float]]:
+    """grpo's reward functions for TRL, with their weights: TRL passes a chat completion as
+    a list of messages, grpo's functions take its text."""
+    from grpo.tasks import arithmetic
+
+    if config.task.name == "arithmetic":
+        return [lambda prompts, completions, answer, **_: arithmetic.reward(
+            prompts, completions, answer)], [1.0]  # fmt: skip
+
+    def wrapped(name: str, function: Any) -> Any:
+        def call(prompts, completions, **columns):
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            return function(prompts, texts, **columns)
+
+        call.__name__ = name
+        return call
+
+    return [wrapped(n, f) for n, f in reward.functions.items()], [reward.weights[n] for n in reward.functions]
 
 
 LIBRARIES = {"grpo": grpo_run, "trl": trl_run}

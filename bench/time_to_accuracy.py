@@ -4,6 +4,7 @@
     python bench/time_to_accuracy.py --workload minus     # + and -: a harder task
     python bench/time_to_accuracy.py --seeds 1 --steps 40 --eval-every 10   # a quick look
     python bench/time_to_accuracy.py --trl-steps 500    # each library's own schedule length
+    python bench/time_to_accuracy.py --workload smollm2 --seeds 1 --eval-every 8
 
 `--steps` sets both libraries' schedule (`schedule.num_steps`; default: the
 demo's); `--grpo-steps` and `--trl-steps` set one library's, so each can run
@@ -46,12 +47,15 @@ from common import load_average, timing_flags  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "accuracy_workers.py"
-WORKLOADS = {  # name -> configs/demo.yaml overrides
+WORKLOADS = {  # name -> overrides (of configs/demo.yaml, or of the config=FILE they name first)
     "demo": [],
     # + and -: the warm start has never seen "-" (15 % held-out greedy accuracy against
     # 31 % on the demo). Three operands would be harder still, but the warm start gets
     # about 1 % of them right: too few groups with any signal for either library.
     "minus": ['task.options.operators=["+", "-"]'],
+    # word problems on SmolLM2-135M-Instruct (`grpo fetch smollm2` first): accuracy is the
+    # greedy accuracy pooled over both held-out splits; each split's is recorded too
+    "smollm2": ["config=configs/smollm2_math.yaml"],
 }
 
 
@@ -212,7 +216,7 @@ def cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    overrides = WORKLOADS[args.workload] + list(args.set)
+    overrides = WORKLOADS[args.workload] + list(args.set)  # config=FILE stays first
     if args.steps is not None:
         overrides.append(f"schedule.num_steps={args.steps}")
     libraries = args.libraries.split(",")

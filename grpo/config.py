@@ -88,10 +88,12 @@ class GRPOConfig:
     skip_redundant_old_logprobs: bool = True
     """Skip the no-grad pass that records log π_old when it cannot differ from the current
     log-probs: one optimizer step per rollout (num_epochs_per_update 1 and batch_size *
-    gradient_accumulation_steps >= N), one process, and a policy whose sampler is its own
-    scorer (`sampler_is_scorer`). π_old is then the detached current log-probs: ratio 1, the
-    same gradient, one forward pass fewer; the rollout's no-grad metrics (entropy/rollout_mean)
-    are then not recorded. False always runs the pass."""
+    gradient_accumulation_steps >= N) and a policy whose gradient pass scores as that pass
+    would (`sampler_is_scorer` or `train_pass_is_old`: no dropout). π_old is then the detached
+    current log-probs: ratio 1, the same gradient, one forward pass fewer; samples from another
+    sampler (vLLM, top-k/top-p, another rollout precision) are weighed and their gap reported
+    against those log-probs, over the samples the loss scores; entropy/rollout_mean is then not
+    recorded. False always runs the pass."""
     skip_zero_advantage: bool = True
     """Do not score or backpropagate samples whose advantage is exactly 0 (e.g. every sample
     of a group whose rewards are all equal) when kl_coeff and entropy_coeff are 0: their loss

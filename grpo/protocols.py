@@ -114,10 +114,20 @@ class PolicyHooks(Protocol):
     """True when actions are sampled from exactly the distribution `get_*log_probabilities`
     scores (same model, same numerics, no dropout): the no-grad pass recording log π_old may
     then be skipped when it cannot differ from the first gradient pass."""
+    train_pass_is_old: bool
+    """True when the gradient pass scores exactly as the no-grad pass recording log π_old
+    would (no dropout or other training-mode difference), whoever sampled the actions: with
+    one update per rollout that pass is then skipped and the importance weights against the
+    sampler (`rollout_importance_weights`) use the detached current log-probs."""
 
     def make_reference(self) -> Any:
         """A frozen copy of the policy for the KL term (default: `copy.deepcopy`); e.g. a LoRA
         policy returns its base model with the adapters disabled."""
+        ...
+
+    def note_old_logprobs(self, actions: Sequence[Any], old_logprobs: Tensor, mask: Tensor) -> None:
+        """Record statistics of log π_old (N, T) against the sampler's own log-probs (e.g. the
+        gap, in `rollout_metrics`), when the gradient pass stood in for the no-grad pass."""
         ...
 
     def loss_token_counts(self, states: Sequence[Any], actions: Sequence[Any]) -> Tensor:
@@ -156,9 +166,11 @@ class RewardHooks(Protocol):
 POLICY_HOOKS = (
     "rollout_metrics",
     "sampler_is_scorer",
+    "train_pass_is_old",
     "make_reference",
     "loss_token_counts",
     "rollout_importance_weights",
+    "note_old_logprobs",
     "sampling_state",
     "load_sampling_state",
     "close",

@@ -17,20 +17,17 @@ Choices:
 - `precision` bf16-mixed computes the forward and backward under bfloat16
   autocast while weights, gradients and optimizer state stay float32
   (`grpo.precision`); sampling computes in `rollout.precision`, by default the
-  same. Samples from another precision than the scorer's are another engine's:
-  `sampler_is_scorer` is False, and they carry their log-probs for the gap
-  metrics and the truncated importance weights (`rollout.tis_cap`).
+  same.
 - Sampling goes through a rollout engine (`grpo.lm.engines`): the model's own
-  `generate` by default, or vLLM computing with the same weights. Either way
-  the sampled ids are cut into completions here, so masks do not depend on the
-  engine. With vLLM, the gap between its log-probs and the trainer's is a
-  rollout metric, and `rollout_importance_weights` gives the loss truncated
-  importance weights when `rollout.tis_cap` is set.
-- Sampling with top-k or top-p draws from a truncated distribution q that the
-  loss (the full tempered softmax p) does not score. The engines then report
-  log q of each sampled token, the rollout's log π_old is recorded, and the
-  loss weighs each token by p / q (= the kept mass Z <= 1): the update is the
-  one for samples of p, as for another engine's samples.
+  `generate` by default, a lean decoding loop, or vLLM computing with the same
+  weights; the sampled ids are cut into completions here, so masks do not
+  depend on the engine.
+- Samples not drawn from the distribution the loss scores (the full tempered
+  softmax p) carry the sampler's log-probs: vLLM's, another precision's, or
+  top-k / top-p's truncated q = p / Z. The gap to log π_old is a rollout
+  metric, and the loss weighs each token by π_old / π_sampler, capped at
+  `rollout.tis_cap` (at 1 for truncation, where the weight is the kept mass
+  Z <= 1): the update is the one for samples of p.
 """
 
 from __future__ import annotations
@@ -140,8 +137,7 @@ class CausalLMPolicy:
         ensure_pad_token(tokenizer)
         self.eos_token_ids = eos_ids(model, tokenizer)
         self.context_length = context_length(model)
-        self.rollout_metrics: dict[str, float] = {}
-        """Statistics of the last `generate_actions` call and of the last no-grad scoring."""
+        self.rollout_metrics: dict[str, float] = {}  # the last sampling and no-grad scoring
         self._sampling_calls = 0
         if self.settings.disable_dropout:
             disable_dropout(model)
@@ -151,12 +147,10 @@ class CausalLMPolicy:
                 model.enable_input_require_grads()
         self.rollout = RolloutSettings() if rollout is None else rollout
         if not isinstance(self.rollout, RolloutSettings):
-            raise TypeError(
-                f"rollout: got {type(rollout).__name__}; allowed: RolloutSettings or None"
-            )
-        self.rollout_engine = make_rollout_engine(
-            self.rollout, model, tokenizer, self.settings.precision
-        )
+            got = type(rollout).__name__
+            raise TypeError(f"rollout: got {got}; allowed: RolloutSettings or None")
+        precision = self.settings.precision
+        self.rollout_engine = make_rollout_engine(self.rollout, model, tokenizer, precision)
 
     @classmethod
     def from_pretrained(
@@ -175,7 +169,6 @@ class CausalLMPolicy:
             model = apply_lora(model, lora)
         return cls(model, tokenizer, settings, rollout)
 
-    # ----------------------------------------------------------- PolicyModel
     @property
     def training(self) -> bool:
         return self.model.training
@@ -298,10 +291,12 @@ class CausalLMPolicy:
         if not torch.is_grad_enabled():  # the rollout's pass: its statistics are rollout metrics
             if "entropy/mean" in metrics:
                 self.rollout_metrics["entropy/rollout_mean"] = metrics["entropy/mean"]
-            self.rollout_metrics.update(
-                gap_metrics(actions, out.logprobs, out.completion_mask, self._weight_cap())
-            )
+            self.note_old_logprobs(actions, out.logprobs, out.completion_mask)
         return out
+
+    def note_old_logprobs(self, actions: Sequence[Completion], old: Tensor, mask: Tensor) -> None:
+        """Another sampler's gap to log π_old (N, T) in `rollout_metrics` (none for our own)."""
+        self.rollout_metrics.update(gap_metrics(actions, old, mask, self._weight_cap()))
 
     def scoring_settings(self) -> ScoringSettings:
         """What scoring completions depends on, from this policy's settings."""
@@ -338,6 +333,11 @@ class CausalLMPolicy:
         same_model = self.rollout_engine.samples_with_scorer
         truncated = self.settings.generation.truncates  # samples from q, scored as p
         return same_model and self.settings.disable_dropout and not truncated
+
+    @property
+    def train_pass_is_old(self) -> bool:
+        """True when the gradient pass scores as the no-grad pass would: no dropout."""
+        return self.settings.disable_dropout
 
     def rollout_importance_weights(
         self, actions: Sequence[Completion], old_logprobs: Tensor

@@ -1,7 +1,8 @@
 """Mini-batches of a rollout and the optimizer steps they make up.
 
 `optimizer_windows` shuffles the N samples of a step, cuts them into
-mini-batches of `batch_size`, and groups `gradient_accumulation_steps`
+mini-batches of `batch_size` (each put back in sample order, so the G rows of a
+group stay together and share one prompt forward), and groups `gradient_accumulation_steps`
 mini-batches into one window: one optimizer step. Every rank of a
 data-parallel run draws the same permutation of the N global samples and keeps
 the samples of each mini-batch it holds (`grpo.distributed`); in one process
@@ -66,7 +67,10 @@ def optimizer_windows(
         counts = GlobalCounts(len(ids), int(token_counts[ids].sum()))
         batches = []
         for begin in range(0, len(ids), config.batch_size):
-            idx = ids[begin : begin + config.batch_size]  # (n,) one mini-batch
+            # (n,) one mini-batch, in sample order: a group's rows sit together, so the
+            # scorer's micro-batches hold few distinct prompts (grpo.lm.prefix); a sum over
+            # the rows, the loss is the same in any order
+            idx = ids[begin : begin + config.batch_size].sort().values
             if skip_zero:
                 idx = idx[informative(advantages[idx])]
                 if len(idx) == 0:

@@ -116,6 +116,9 @@ class GRPOObjective:
         weights = None  # on-policy: sampled by the scorer itself, nothing to correct
         if old_logprobs is not None:
             weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
+        elif hook(current_policy, "sampler_is_scorer") is not True:
+            # the old pass was skipped (one update per rollout): π_old is this pass, detached
+            weights = _detached_old_weights(current_policy, actions, current)  # (N, T) or None
         loss, stats = policy_loss(
             current.logprobs,
             old_logprobs,
@@ -176,6 +179,16 @@ def _importance_weights(policy: Any, actions: list[Any], old_logprobs: Tensor) -
     """The policy's per-token loss weights for these actions (N, T), or None for all 1."""
     weigh = hook(policy, "rollout_importance_weights")
     return None if weigh is None else weigh(actions, old_logprobs)
+
+
+def _detached_old_weights(policy: Any, actions: list[Any], current: TokenLogProbs) -> Tensor | None:
+    """π_old / π_sampler weights (N, T) with π_old the detached current log-probs, and the
+    sampler gap recorded as the old pass would have (`note_old_logprobs`)."""
+    old = current.logprobs.detach()  # (N, T)
+    note = hook(policy, "note_old_logprobs")
+    if note is not None:
+        note(actions, old, current.completion_mask)
+    return _importance_weights(policy, actions, old)
 
 
 def _old_logprobs(samples: Rollout, current: TokenLogProbs) -> Tensor | None:

@@ -23,7 +23,9 @@ Departures from seed 004:
   would; in one process `SingleProcess` has the same methods and does nothing.
 - The no-grad pass that records log π_old is skipped when it cannot differ
   from the current log-probs (`GRPOConfig.skip_redundant_old_logprobs`):
-  the loss then uses the detached current log-probs, ratio 1, same gradient.
+  the loss then uses the detached current log-probs, ratio 1, same gradient;
+  actions from another sampler (vLLM, top-p, another precision) are weighed
+  against those detached log-probs, as they would be against the pass's.
 - Seed 004's `collection_time`, `advantage_time` became `time/...` (`grpo.step.timing`).
 - Mixed precision (seed 002): a `grad_scaler` (fp16) scales losses, unscales
   gradients before clipping; an overflow skips the step while the scale drops.
@@ -218,11 +220,11 @@ class GRPOTrainer:
             config.num_epochs_per_update == 1
             and config.batch_size * config.gradient_accumulation_steps >= N
         )
-        return (
-            config.skip_redundant_old_logprobs
-            and one_update
-            and hook(self.policy, "sampler_is_scorer") is True
+        same_pass = (
+            hook(self.policy, "sampler_is_scorer") is True
+            or hook(self.policy, "train_pass_is_old") is True
         )
+        return config.skip_redundant_old_logprobs and one_update and same_pass
 
     def _run_epoch(
         self,

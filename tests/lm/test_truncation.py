@@ -83,17 +83,20 @@ def test_without_truncation_nothing_changes(tiny_lm_dir):
     assert policy.rollout_importance_weights(actions, old) is None
 
 
-def test_a_truncated_grpo_step_records_pi_old_and_weighs_the_loss(tiny_lm_dir):
-    """With top_p < 1 the step runs the old pass (the sampler is not the scorer) and the
-    policy term is weighted: importance_weight/mean is in (0, 1)."""
+@pytest.mark.parametrize("skip_old_pass", [True, False])
+def test_a_truncated_grpo_step_records_pi_old_and_weighs_the_loss(tiny_lm_dir, skip_old_pass):
+    """With top_p < 1 the sampler is not the scorer: the policy term is weighted
+    (importance_weight/mean in (0, 1)) and the gap reported, whether log π_old comes from
+    the no-grad pass or, one update per rollout, from the gradient pass detached."""
     policy = make_policy(tiny_lm_dir("qwen2"), "transformers", top_p=0.6)
     calls = []
     score = policy.get_token_log_probabilities
     policy.get_token_log_probabilities = lambda s, a: calls.append(torch.is_grad_enabled()) or score(s, a)
     config = GRPOConfig(group_size=4, batch_size=12, num_epochs_per_update=1, kl_coeff=0.0,
-                        entropy_coeff=0.0, skip_zero_advantage=False)  # fmt: skip
+                        entropy_coeff=0.0, skip_zero_advantage=False,
+                        skip_redundant_old_logprobs=skip_old_pass)  # fmt: skip
     reward = TextReward(lambda prompts, completions, **_: [float(len(c)) for c in completions])
     metrics = GRPOTrainer(policy, reward, None, config).train_step(PROMPTS)
-    assert calls[0] is False  # the no-grad pass that records log π_old ran first
+    assert calls == ([True] if skip_old_pass else [False, True])  # no-grad pass, then gradient
     assert 0.0 < metrics["importance_weight/mean"] < 1.0
     assert policy.rollout_metrics["rollout/logprob_gap_mean"] > 0  # log p - log q = log Z

@@ -97,11 +97,48 @@ def test_the_pass_runs_when_it_can_differ(tiny_lm_dir, overrides):
     assert counts["no_grad"] >= 1
 
 
-def test_the_pass_runs_for_another_sampler(tiny_lm_dir):
-    """An engine that is not the scorer (vLLM) keeps the pass: its log-probs differ from ours."""
-    policy = _policy(tiny_lm_dir)
-    policy.rollout_engine.samples_with_scorer = False
-    assert not policy.sampler_is_scorer
+def _policy_sampling_top_p(tiny_lm_dir):
+    """A sampler that is not the scorer: top-p 0.7 draws from q = p / Z, the loss scores p."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    generation = GenerationSettings(max_new_tokens=6, seed=3, top_p=0.7)
+    return CausalLMPolicy(model, tokenizer, CausalLMSettings(generation=generation))
+
+
+def test_another_sampler_skips_the_pass_with_the_same_update(tiny_lm_dir):
+    """Sampler != scorer, one update per rollout: the skipped pass's stand-in (the detached
+    gradient-pass log-probs) gives the update and the gap metrics the pass gives."""
+    runs = {}
+    for skip in (True, False):
+        policy = _policy_sampling_top_p(tiny_lm_dir)
+        assert not policy.sampler_is_scorer and policy.train_pass_is_old
+        counts = _count_scoring_passes(policy)
+        config = GRPOConfig(group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0,
+                            max_grad_norm=None, skip_redundant_old_logprobs=skip)  # fmt: skip
+        trainer = GRPOTrainer(policy, TokenSumReward(), config=config,
+                              optimizer=lambda params: torch.optim.SGD(params, lr=1.0))  # fmt: skip
+        weighed = []
+        weigh = policy.rollout_importance_weights
+        policy.rollout_importance_weights = lambda a, old, w=weigh, out=weighed: out.append(w(a, old)) or out[-1]
+        trainer.train_step(PROMPTS)
+        params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+        runs[skip] = (params, counts, dict(policy.rollout_metrics), weighed[-1])
+    (skipped, s_counts, s_metrics, s_w), (full, f_counts, f_metrics, f_w) = runs[True], runs[False]
+    assert s_counts["no_grad"] == 0 and f_counts["no_grad"] >= 1
+    assert s_w is not None and float(s_w.min()) < 0.99  # truncation weighs some tokens below 1
+    torch.testing.assert_close(s_w, f_w, rtol=0, atol=1e-5)
+    for name in full:
+        torch.testing.assert_close(skipped[name], full[name], rtol=0, atol=1e-5)
+    for key in ("rollout/logprob_gap_mean", "rollout/logprob_gap_max"):
+        assert s_metrics[key] == pytest.approx(f_metrics[key], abs=1e-5)
+
+
+def test_a_policy_with_dropout_keeps_the_pass(tiny_lm_dir):
+    """A training-mode pass that can differ from the no-grad one (dropout on) keeps the pass."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    settings = CausalLMSettings(generation=GenerationSettings(max_new_tokens=6, seed=3),
+                                disable_dropout=False)  # fmt: skip
+    policy = CausalLMPolicy(model, tokenizer, settings)
+    assert not policy.sampler_is_scorer and not policy.train_pass_is_old
     counts = _count_scoring_passes(policy)
     config = GRPOConfig(group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0)
     GRPOTrainer(policy, TokenSumReward(), config=config).train_step(PROMPTS)

@@ -24,6 +24,7 @@ TRL 1.16 turns gradient checkpointing on by default; it is set as grpo's
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,9 +86,15 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
     from trl import GRPOConfig
 
     s, g, gen = config.schedule, config.grpo, config.policy.generation
+    # rows per forward as grpo's micro-batches; accumulated to one optimizer step per rollout
+    rows = config.prompts_per_step * g.group_size
+    micro = min(config.policy.micro_batch_size, rows)
+    if rows % micro:
+        raise ValueError(f"B x G = {rows} is not a multiple of policy.micro_batch_size {micro}")
     return GRPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=config.prompts_per_step * g.group_size,
-        num_generations=g.group_size, gradient_accumulation_steps=1, steps_per_generation=1,
+        output_dir=str(out / "trl"), per_device_train_batch_size=micro,
+        num_generations=g.group_size, gradient_accumulation_steps=rows // micro,
+        steps_per_generation=rows // micro,
         num_iterations=1, max_completion_length=gen.max_new_tokens, temperature=gen.temperature,
         top_p=gen.top_p, top_k=gen.top_k, beta=0.0, learning_rate=s.learning_rate,
         lr_scheduler_type=s.lr_scheduler, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
@@ -136,13 +143,14 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
                 evaluate(state.global_step, model)
 
     functions, weights = trl_rewards(config, parts.reward)
-    model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=torch.float32)
+    path = os.path.expanduser(config.model.path)  # grpo expands "~"; transformers does not
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     args = trl_config(config, seed, out)
     args.reward_weights = weights
     trainer = GRPOTrainer(
         model=model, reward_funcs=functions, args=args,
         train_dataset=Dataset.from_list([dict(r) for r in parts.train_states]),
-        processing_class=AutoTokenizer.from_pretrained(config.model.path),
+        processing_class=AutoTokenizer.from_pretrained(path),
     )  # fmt: skip
     trainer.add_callback(Evaluate())
     torch.set_num_threads(config.run.threads or torch.get_num_threads())

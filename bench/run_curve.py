@@ -1,0 +1,76 @@
+"""Held-out accuracy of a `grpo train` run against its training seconds, with the training
+metrics a user watches, from the run directory's metrics.jsonl.
+
+    python bench/run_curve.py runs/smollm2_math --png docs/smollm2_math_run.png
+
+Training seconds are the sum of `time/step` (sampling, rewards, loss, backward,
+optimizer): evaluations and checkpoints are off the clock. Panels: greedy
+accuracy per held-out split (and pooled) at each evaluation; then, per step,
+reward, completion length, zero-std fraction, entropy, clip fraction and KL
+(where logged). Prints the evaluation table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SPLITS = {"pooled": "eval/greedy/accuracy",
+          "new numbers": "eval/heldout_numbers/greedy/accuracy",
+          "unseen phrasings": "eval/heldout_phrasings/greedy/accuracy"}  # fmt: skip
+WATCHED = ("reward/mean", "completion/length_mean", "reward/zero_std_frac", "entropy/mean",
+           "clip/frac", "loss/kl")  # fmt: skip
+
+
+def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(training steps with their cumulative training seconds, evaluations with theirs)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    steps, evaluations, seconds = [], [], 0.0
+    for row in rows:
+        if "time/step" in row:
+            seconds += row["time/step"]
+            row["clip/frac"] = row.get("clip/low_frac", 0.0) + row.get("clip/high_frac", 0.0)
+            steps.append({**row, "seconds": seconds})
+        if SPLITS["pooled"] in row:
+            evaluations.append({**row, "seconds": seconds})
+    return steps, evaluations
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--png", help="write the figure here")
+    args = parser.parse_args(argv)
+    steps, evaluations = read(args.run_dir)
+    print("| step | training s | " + " | ".join(SPLITS) + " | greedy length |")
+    print("|---|---|" + "---|" * (len(SPLITS) + 1))
+    for e in evaluations:
+        cells = " | ".join(f"{100 * e[key]:.1f} %" if key in e else "-" for key in SPLITS.values())
+        print(f"| {e['step']} | {e['seconds']:.0f} | {cells} | {e['eval/greedy/length_mean']:.1f} |")
+    if args.png:
+        plot(steps, evaluations, args.png, args.run_dir.name)
+
+
+def plot(steps: list[dict], evaluations: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    watched = [k for k in WATCHED if any(k in s for s in steps)]
+    fig, axes = plt.subplots(1, 1 + len(watched), figsize=(3.2 * (1 + len(watched)), 3.2))
+    for name, key in SPLITS.items():
+        axes[0].plot([e["seconds"] for e in evaluations],
+                     [100 * e.get(key, float("nan")) for e in evaluations], marker="o", label=name)  # fmt: skip
+    axes[0].set(xlabel="training seconds", ylabel="greedy accuracy (%)", title=f"{title}: held out")
+    axes[0].legend(fontsize=7)
+    for ax, key in zip(axes[1:], watched, strict=True):
+        ax.plot([s["step"] for s in steps], [s.get(key, float("nan")) for s in steps], lw=1)
+        ax.set(xlabel="step", title=key)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -46,6 +46,15 @@ def _options(kind: type, options: dict[str, Any], extra: Sequence[str] = ()) -> 
     return settings, {k: options[k] for k in extra if k in options}
 
 
+def _without_reference_kl(config: RunConfig) -> None:
+    """Tasks whose evaluation is not `text_parts`' refuse `evaluation.reference_kl`."""
+    if config.evaluation.reference_kl:
+        raise ConfigError(
+            f"evaluation.reference_kl: not supported by task {config.task.name!r}; allowed: "
+            "false (arithmetic, chess and prompts support it)"
+        )
+
+
 def _arithmetic(config: RunConfig) -> TaskParts:
     from grpo.rewards.combine import TextReward
     from grpo.tasks import arithmetic
@@ -67,18 +76,31 @@ def _chess(config: RunConfig) -> TaskParts:
     from grpo.tasks import chess
 
     t = config.task
-    settings, plies = _options(chess.ChessRewardConfig, t.options, ("min_plies", "max_plies"))
-    train = chess.generate_dataset(t.train_size, split="train", seed=t.seed, **plies)
-    held = chess.generate_dataset(t.eval_size, split="held_out", seed=0, **plies)
+    extra_names = ("min_plies", "max_plies", "prompt")
+    settings, extra = _options(chess.ChessRewardConfig, t.options, extra_names)
+    prompt = extra.pop("prompt", "fen")
+    if prompt not in chess.PROMPTS:
+        raise ConfigError(
+            f"task.options.prompt: got {prompt!r}; allowed: {', '.join(chess.PROMPTS)}"
+        )
+    train = chess.generate_dataset(t.train_size, split="train", seed=t.seed, prompt=prompt, **extra)
+    held = chess.generate_dataset(t.eval_size, split="held_out", seed=0, prompt=prompt, **extra)
     reward = TextReward({"chess_moves": chess.make_reward(settings)})
-    headline = tuple(f"eval/{mode}/reward_mean" for mode in config.evaluation.modes)
-    return text_parts(config, load_policy(config), reward, train, held, None, headline)
+    headline = tuple(
+        f"eval/{mode}/{key}"
+        for mode in config.evaluation.modes
+        for key in ("reward_mean", "precision", "coverage")
+    )
+    return text_parts(
+        config, load_policy(config), reward, train, held, None, headline, chess.breakdown
+    )
 
 
 def _word_problems(config: RunConfig) -> TaskParts:
     from grpo.rewards.combine import TextReward
     from grpo.tasks import word_problems as wp
 
+    _without_reference_kl(config)
     t = config.task
     settings, extra = _options(wp.WordProblemsConfig, t.options, ("answer_check", "format_weight"))
     check_name = extra.get("answer_check", "integer")
@@ -170,6 +192,7 @@ def _guess_number(config: RunConfig) -> TaskParts:
     from grpo.envs.agent import EpisodePolicy, EpisodeReward, PolicyAgent
     from grpo.tasks import guess_number as game
 
+    _without_reference_kl(config)
     t = config.task
     rules, extra = _options(game.GuessNumberConfig, t.options, ("max_turns",))
     max_turns = extra.get("max_turns", rules.max_guesses)

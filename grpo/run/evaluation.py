@@ -7,6 +7,13 @@ them with a `TextReward`, and optionally with an accuracy function that follows
 the reward contract `accuracy(prompts, completions, **columns) -> list[float | bool | None]`
 (1/True = correct; None = not scored, left out of the mean).
 
+With a `reference` policy (a frozen copy of the policy as the run started,
+`evaluation.reference_kl`), it also scores the evaluated completions under
+both and reports the mean per-token KL estimate (the run's `grpo.kl_estimator`,
+as `kl/mean` in training) over their tokens. On sampled completions this is an
+estimate of KL(π‖π_ref) at the evaluation's sampling settings; on greedy ones
+it measures how far the two disagree along the greedy path, not an expectation.
+
 Returns flat scalar metrics under "eval/<mode>/..." and a few samples (prompt,
 completion, reward) for the log.
 """
@@ -17,8 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from grpo.functional.kl import kl_estimate
 from grpo.rewards.combine import TextReward
 from grpo.run.loop import check_int
+from grpo.step.objective import policy_logprobs
 
 __all__ = ["MODES", "EvalConfig", "evaluate"]
 
@@ -40,6 +51,10 @@ class EvalConfig:
     """Prompts per generation call."""
     num_logged_samples: int = 3
     """(prompt, completion, reward) examples logged per mode at each evaluation."""
+    reference_kl: bool = False
+    """Also report eval/<mode>/kl_mean, the mean per-token KL estimate (grpo.kl_estimator) of
+    the evaluated completions to a frozen copy of the starting policy (single-turn text tasks
+    built on text_parts: arithmetic, chess, prompts; the copy costs one more model in memory)."""
 
     def __post_init__(self) -> None:
         self.modes = tuple(self.modes)
@@ -64,9 +79,12 @@ def evaluate(
     batch_size: int = 32,
     num_logged_samples: int = 3,
     breakdown: Callable[[list[Mapping[str, Any]], list[str]], Mapping[str, float]] | None = None,
+    reference: Any = None,
+    kl_estimator: str = "k3",
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Metrics {"eval/<mode>/reward_mean", ...} and up to `num_logged_samples` samples per mode;
-    `breakdown(states, completion texts)` adds a task's own metrics under "eval/<mode>/"."""
+    `breakdown(states, completion texts)` adds a task's own metrics under "eval/<mode>/", and a
+    `reference` policy "eval/<mode>/kl_mean" (`kl_estimator` per token, see the module)."""
     if not prompts:
         raise ValueError("prompts is empty; evaluation needs at least one held-out prompt")
     for mode in modes:
@@ -91,6 +109,10 @@ def evaluate(
             _, values = judge.score(states, actions)
             scored = [v for v in values["accuracy"] if v is not None]
             metrics[f"{prefix}/accuracy"] = sum(scored) / len(scored) if scored else float("nan")
+        if reference is not None:
+            metrics[f"{prefix}/kl_mean"] = _kl_mean(
+                policy, reference, states, actions, batch_size, kl_estimator
+            )
         if breakdown is not None:
             texts = [getattr(a, "text", a) for a in actions]
             metrics.update({f"{prefix}/{k}": v for k, v in breakdown(states, texts).items()})
@@ -121,3 +143,19 @@ def _generate(
             states.extend([state] * len(group))
             actions.extend(group)
     return states, actions
+
+
+def _kl_mean(
+    policy: Any, reference: Any, states: list, actions: list, batch_size: int, estimator: str
+) -> float:
+    """Mean of the per-token KL estimate over every counted completion token."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(actions), batch_size):
+            part = slice(start, start + batch_size)
+            current = policy_logprobs(policy, states[part], actions[part])  # (n, T)
+            ref_logprobs = policy_logprobs(reference, states[part], actions[part]).logprobs
+            kl = kl_estimate(current.logprobs, ref_logprobs.to(current.logprobs.device), estimator)
+            total += kl[current.completion_mask].double().sum().item()
+            tokens += int(current.completion_mask.sum())
+    return total / tokens if tokens else 0.0

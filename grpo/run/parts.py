@@ -75,8 +75,12 @@ def load_text_data(reward, train, held_out, accuracy) -> tuple[list, list | None
     return train, held_out
 
 
-def text_parts(config, policy, reward, train, held_out, accuracy, headline) -> TaskParts:
-    """Parts of a single-turn text task: evaluation as in `grpo.run.evaluation.evaluate`.
+def text_parts(
+    config, policy, reward, train, held_out, accuracy, headline, breakdown=None
+) -> TaskParts:
+    """Parts of a single-turn text task: evaluation as in `grpo.run.evaluation.evaluate`, with
+    the task's own `breakdown(states, texts)` metrics and, for `evaluation.reference_kl`, the KL
+    to a frozen copy of the policy made now, before any training.
     Every row is checked before training: its columns, and its length against the context."""
     from grpo.run.data import check_prompt_lengths
     from grpo.run.evaluation import evaluate
@@ -86,12 +90,14 @@ def text_parts(config, policy, reward, train, held_out, accuracy, headline) -> T
     if held_out:
         check_prompt_lengths(held_out, policy, name="held-out prompts")
     e = config.evaluation
+    reference = policy.make_reference() if e.reference_kl and held_out else None
 
     def run_evaluation():
         return evaluate(
             policy, held_out, reward, accuracy=accuracy, modes=e.modes,
             samples_per_prompt=e.samples_per_prompt, batch_size=e.batch_size,
-            num_logged_samples=e.num_logged_samples,
+            num_logged_samples=e.num_logged_samples, breakdown=breakdown, reference=reference,
+            kl_estimator=config.grpo.kl_estimator,
         )  # fmt: skip
 
     def save(path: Path) -> None:

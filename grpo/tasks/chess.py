@@ -11,21 +11,29 @@ and ``-format_penalty`` when the completion is not one ``M:`` line with at least
 one move. Repeating a legal move neither earns nor costs anything. Illegal
 moves include malformed ones ("zz", "e2e9").
 
+The prompt (`PROMPTS`, the task option ``prompt``) is the bare ``FEN: ...``
+line (``"fen"``, for a model trained on that format), or chat messages for a
+chat model read through its chat template: a system instruction saying what
+to write (``"instruction"``), optionally followed by one worked example, the
+initial position and its 20 moves (``"example"``).
+
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end
 early are discarded. As in `grpo.tasks.arithmetic`, train and held-out
 positions are separated by a stable hash of the FEN, not by the seed.
 
-Departure from seed 001: seed 001 used an existing reward function it did not
+Departures from seed 001: seed 001 used an existing reward function it did not
 define; the formula above is this library's, chosen so that an empty or
-made-up list never beats listing a few true moves.
+made-up list never beats listing a few true moves. Seed 001's model had
+learnt the ``M:`` format before GRPO; the chat prompts let a general chat
+model be asked for it instead.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +42,11 @@ from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
     "ChessRewardConfig",
+    "INSTRUCTION",
+    "PROMPTS",
     "PROMPT_TEMPLATE",
     "START_FEN",
+    "breakdown",
     "evaluate",
     "generate_dataset",
     "make_reward",
@@ -49,6 +60,46 @@ START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
 PROMPT_TEMPLATE = "FEN: {fen}\n"
 SPLITS = ("train", "held_out")
 _MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
+
+INSTRUCTION = (
+    "You are given a chess position in FEN notation. List every legal move of the side to "
+    "move in UCI notation (the from-square then the to-square, e.g. e2e4; a promotion adds "
+    "the piece, e.g. e7e8q), separated by spaces, on one line that starts with 'M:'. "
+    "Write nothing else."
+)
+EXAMPLE_ANSWER = (
+    "M: a2a3 a2a4 b1a3 b1c3 b2b3 b2b4 c2c3 c2c4 d2d3 d2d4 e2e3 e2e4 f2f3 f2f4 g1f3 g1h3 "
+    "g2g3 g2g4 h2h3 h2h4"
+)  # every legal move of START_FEN (a test checks it)
+
+
+def _fen_prompt(fen: str) -> str:
+    return PROMPT_TEMPLATE.format(fen=fen)
+
+
+def _instruction_prompt(fen: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": INSTRUCTION},
+        {"role": "user", "content": _fen_prompt(fen).strip()},
+    ]
+
+
+def _example_prompt(fen: str) -> list[dict[str, str]]:
+    system, user = _instruction_prompt(fen)
+    example = [
+        {"role": "user", "content": _fen_prompt(START_FEN).strip()},
+        {"role": "assistant", "content": EXAMPLE_ANSWER},
+    ]
+    return [system, *example, user]
+
+
+PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
+    "fen": _fen_prompt,
+    "instruction": _instruction_prompt,
+    "example": _example_prompt,
+}
+"""The prompt of a position: the bare FEN line; an instruction and the FEN as chat
+messages; the same with one worked example (the initial position) before the FEN."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +180,12 @@ def generate_dataset(
     min_plies: int = 1,
     max_plies: int = 40,
     held_out_fraction: float = 0.1,
-) -> list[dict[str, str]]:
-    """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}``, the same for the same seed."""
+    prompt: str = "fen",
+) -> list[dict[str, Any]]:
+    """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}``, the same for the same
+    seed; `prompt` names the prompt's form in `PROMPTS`."""
+    if prompt not in PROMPTS:
+        raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not isinstance(num_positions, int) or num_positions < 0:
@@ -151,24 +206,16 @@ def generate_dataset(
     for fen in fens:
         moves = sorted(move.uci() for move in board_from_fen(fen).legal_moves)
         rows.append(
-            {"prompt": PROMPT_TEMPLATE.format(fen=fen), "fen": fen, "legal_moves": " ".join(moves)}
+            {"prompt": PROMPTS[prompt](fen), "fen": fen, "legal_moves": " ".join(moves)}
         )
     return rows
 
 
-def evaluate(
-    generate: Callable[[list[str]], list[str]],
-    rows: Sequence[dict[str, str]],
-    config: ChessRewardConfig | None = None,
-) -> dict[str, float]:
-    """Run `generate` (prompts -> completions) on `rows`: mean reward, format rate, precision, coverage."""
-    prompts = [row["prompt"] for row in rows]
-    completions = generate(prompts)
-    if len(completions) != len(rows) or not rows:
-        raise ValueError(
-            f"generate returned {len(completions)} completions for {len(rows)} prompts"
-        )
-    rewards = make_reward(config)(prompts, completions, [row["fen"] for row in rows])
+def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> dict[str, float]:
+    """Evaluation metrics of one completion per row (its ``fen`` column), means over completions:
+    format_rate (one ``M:`` line), precision (the share of listed moves that are legal) and
+    coverage (the share of the legal moves found), an unformatted completion counting 0 in
+    both, and precision_formatted (precision over the formatted completions alone; nan if none)."""
     formatted = precision = coverage = 0.0
     for row, completion in zip(rows, completions, strict=True):
         moves = parse_move_list(completion)
@@ -180,9 +227,28 @@ def evaluate(
         coverage += len(check.legal) / check.num_legal
     n = len(rows)
     return {
-        "reward": sum(rewards) / n,
         "format_rate": formatted / n,
-        "precision": precision / n,  # unformatted completions count as 0
+        "precision": precision / n,
         "coverage": coverage / n,
-        "num_positions": float(n),
+        "precision_formatted": precision / formatted if formatted else float("nan"),
+    }
+
+
+def evaluate(
+    generate: Callable[[list[Any]], list[str]],
+    rows: Sequence[dict[str, Any]],
+    config: ChessRewardConfig | None = None,
+) -> dict[str, float]:
+    """Run `generate` (prompts -> completions) on `rows`: the mean reward and `breakdown`."""
+    prompts = [row["prompt"] for row in rows]
+    completions = generate(prompts)
+    if len(completions) != len(rows) or not rows:
+        raise ValueError(
+            f"generate returned {len(completions)} completions for {len(rows)} prompts"
+        )
+    rewards = make_reward(config)(prompts, completions, [row["fen"] for row in rows])
+    return {
+        "reward": sum(rewards) / len(rows),
+        **breakdown(rows, completions),
+        "num_positions": float(len(rows)),
     }

@@ -105,3 +105,36 @@ def test_breakdown_sees_every_state_and_completion_text(policy):
     texts = [g[0].text for g in policy.generate_actions(PROMPTS, 1, do_sample=False)]
     assert seen == [(PROMPTS, texts)]
     assert metrics["eval/greedy/chars"] == float(sum(map(len, texts)))
+
+
+def test_reference_kl_is_zero_for_the_starting_model_and_a_masked_token_mean(policy):
+    """kl_mean: exactly 0 against an unchanged copy; after a change, the mean of the per-token
+    estimate over the completion mask, the same for any batch size."""
+    import torch
+
+    from grpo.functional.kl import kl_estimate
+    from grpo.step.objective import policy_logprobs
+
+    reward = TextReward([length])
+    reference = policy.make_reference()
+    same, _ = evaluate(policy, PROMPTS, reward, modes=("greedy",), reference=reference)
+    assert same["eval/greedy/kl_mean"] == 0.0
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    found = {
+        size: evaluate(
+            policy, PROMPTS, reward, modes=("greedy",), reference=reference,
+            kl_estimator="k1", batch_size=size,
+        )[0]["eval/greedy/kl_mean"]
+        for size in (1, 3)
+    }  # fmt: skip
+    actions = [g[0] for g in policy.generate_actions(PROMPTS, 1, do_sample=False)]
+    with torch.no_grad():
+        current = policy_logprobs(policy, PROMPTS, actions)
+        ref_logprobs = policy_logprobs(reference, PROMPTS, actions).logprobs
+    mask = current.completion_mask
+    expected = kl_estimate(current.logprobs, ref_logprobs, "k1")[mask].double().mean().item()
+    assert expected != 0.0 and mask.sum() > 3
+    assert found[1] == pytest.approx(expected, rel=1e-5)
+    assert found[3] == pytest.approx(expected, rel=1e-5)

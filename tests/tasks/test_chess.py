@@ -1,13 +1,18 @@
 """Tests for grpo.tasks.chess: the move-listing reward, dataset and evaluation (seed 001)."""
 
+import math
+
 import pytest
 
 pytest.importorskip("chess")
 
 from grpo.rewards.chess import legal_moves  # noqa: E402
 from grpo.tasks.chess import (  # noqa: E402
+    INSTRUCTION,
+    PROMPTS,
     START_FEN,
     ChessRewardConfig,
+    breakdown,
     evaluate,
     generate_dataset,
     make_reward,
@@ -80,7 +85,44 @@ def test_evaluate_oracle_and_garbage():
         "format_rate": 1.0,
         "precision": 1.0,
         "coverage": 1.0,
+        "precision_formatted": 1.0,
         "num_positions": 5.0,
     }
     garbage = evaluate(lambda ps: ["I don't know"] * len(ps), rows)
     assert garbage["reward"] == -1.0 and garbage["format_rate"] == 0.0
+    assert math.isnan(garbage["precision_formatted"])
+
+
+def test_breakdown_on_hand_made_answers():
+    """Means over completions, an unformatted one counting 0; precision_formatted skips it."""
+    rows = [{"fen": START_FEN}, {"fen": PROMOTION}, {"fen": START_FEN}]
+    completions = ["M: e2e4 d2d4 e2e4 zz", "M: a7a8q a1a2 a1b1 a1b2", "e2e4"]
+    # start: 2 distinct legal of 20, 1 illegal listed (the repeat is neither): precision 2/3
+    # promotion: 4 legal of 7, nothing illegal: precision 1
+    assert breakdown(rows, completions) == pytest.approx(
+        {
+            "format_rate": 2 / 3,
+            "precision": (2 / 3 + 1) / 3,
+            "coverage": (2 / 20 + 4 / 7) / 3,
+            "precision_formatted": (2 / 3 + 1) / 2,
+        },
+        rel=1e-12,
+    )
+
+
+def test_prompts_instruction_and_worked_example():
+    """'fen' is the bare line; 'instruction' and 'example' are chat messages ending with the
+    position; the worked example lists exactly the initial position's legal moves."""
+    fen = generate_dataset(1, seed=0)[0]["fen"]
+    assert PROMPTS["fen"](fen) == f"FEN: {fen}\n"
+    assert PROMPTS["instruction"](fen) == [
+        {"role": "system", "content": INSTRUCTION},
+        {"role": "user", "content": f"FEN: {fen}"},
+    ]
+    system, example, answer, user = PROMPTS["example"](fen)
+    assert (system["content"], user["content"]) == (INSTRUCTION, f"FEN: {fen}")
+    assert example == {"role": "user", "content": f"FEN: {START_FEN}"}
+    assert answer["role"] == "assistant" and answer["content"] == ALL_START
+    assert generate_dataset(3, seed=1, prompt="example")[0]["prompt"][-1]["role"] == "user"
+    with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example"):
+        generate_dataset(1, prompt="chat")

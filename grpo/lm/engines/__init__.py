@@ -8,6 +8,9 @@
   its own layers (Llama-family models), with nothing else per token.
 - "vllm" (`vllm.py`, `weights.py`): an in-process vLLM engine computing with the
   trainer's weights (seed 003); `vllm` itself is imported only when one is built.
+- "vllm_server" (`vllm_server.py`): running `vllm serve` processes over HTTP, the
+  trainer's weights published to a folder they reload from (`vllm_publish.py`,
+  `vllm_worker.py`); needs no vLLM in the trainer's environment.
 
 `base.py` holds the engine protocol and its records, `settings.py` the
 `rollout:` section of a run's YAML, `mismatch.py` the sampler-scorer gap and
@@ -23,9 +26,10 @@ from torch import nn
 
 from grpo.lm.engines.base import RolloutEngine, Samples
 from grpo.lm.engines.lean import LeanEngine
-from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, VLLMSettings
+from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, ServerSettings, VLLMSettings
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.engines.vllm import VLLMEngine
+from grpo.lm.engines.vllm_server import VLLMServerEngine
 
 __all__ = [
     "ENGINE_NAMES",
@@ -33,6 +37,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutSettings",
     "Samples",
+    "ServerSettings",
     "TransformersEngine",
     "VLLMSettings",
     "make_rollout_engine",
@@ -54,6 +59,9 @@ ROLLOUT_ENGINES: dict[str, Callable[[nn.Module, Any, RolloutSettings, str], Roll
     "transformers": _own_model(TransformersEngine),
     "lean": _own_model(LeanEngine),
     "vllm": lambda model, tokenizer, rollout, scorer: VLLMEngine(model, tokenizer, rollout.vllm),
+    "vllm_server": lambda model, tokenizer, rollout, scorer: VLLMServerEngine(
+        model, tokenizer, rollout.server, rollout.tis_cap
+    ),
 }
 """engine name -> constructor(model, tokenizer, rollout settings, scorer precision)."""
 

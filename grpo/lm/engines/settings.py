@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.lm.engines.server_settings import ServerSettings
 from grpo.precision import check_precision
 
 __all__ = [
@@ -21,10 +22,11 @@ __all__ = [
     "VLLM_DTYPES",
     "WEIGHT_SYNCS",
     "RolloutSettings",
+    "ServerSettings",
     "VLLMSettings",
 ]
 
-ENGINE_NAMES = ("transformers", "lean", "vllm")
+ENGINE_NAMES = ("transformers", "lean", "vllm", "vllm_server")
 WEIGHT_SYNCS = ("auto", "shared", "load_weights")
 VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -160,11 +162,14 @@ class RolloutSettings:
     engine: str = "transformers"
     """"transformers" (the trainer's model samples with `generate`), "lean" (the trainer's
     model samples through a lean decoding loop over its own layers: Llama, Mistral, Qwen2 and
-    Qwen3 models, faster than `generate` on a CPU), or "vllm" (an in-process vLLM engine
+    Qwen3 models, faster than `generate` on a CPU), "vllm" (an in-process vLLM engine
     sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU, or vLLM's CPU
-    build: docs/vllm.md)."""
+    build: docs/vllm.md), or "vllm_server" (running `vllm serve` processes, given in
+    `server`, sampling with weights the trainer publishes to a folder: docs/vllm.md)."""
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
     """Settings of the vLLM engine (used when engine is "vllm")."""
+    server: ServerSettings = field(default_factory=ServerSettings)
+    """Settings of the vLLM servers (used when engine is "vllm_server")."""
     precision: str | None = None
     """What the transformers and lean engines compute in while sampling (fp32, bf16-mixed,
     fp16-mixed: `grpo.precision`); None = policy.precision. When it differs from
@@ -187,6 +192,16 @@ class RolloutSettings:
                 f"rollout.vllm: got {type(self.vllm).__name__}; allowed: VLLMSettings "
                 "(use RolloutSettings.from_dict for a mapping)"
             )
+        if not isinstance(self.server, ServerSettings):
+            raise TypeError(
+                f"rollout.server: got {type(self.server).__name__}; allowed: ServerSettings "
+                "(use RolloutSettings.from_dict for a mapping)"
+            )
+        if self.engine == "vllm_server" and not self.server.urls:
+            raise ValueError(
+                "rollout.server.urls: got no URL with rollout.engine='vllm_server'; allowed: "
+                "one or more base URLs of running `vllm serve` processes"
+            )
         self._one_tis_cap()
 
     def _one_tis_cap(self) -> None:
@@ -208,7 +223,11 @@ class RolloutSettings:
         if isinstance(vllm, Mapping):
             _check_keys("rollout.vllm", vllm, VLLMSettings)
             vllm = VLLMSettings(**vllm)
-        return cls(vllm=vllm, **values)
+        server = values.pop("server", {})
+        if isinstance(server, Mapping):
+            _check_keys("rollout.server", server, ServerSettings)
+            server = ServerSettings(**server)
+        return cls(vllm=vllm, server=server, **values)
 
 
 def _check_cap(name: str, cap: Any) -> None:

@@ -1,0 +1,265 @@
+"""`rollout.engine: vllm_server` against a real `vllm serve` process (vLLM's CPU build).
+
+Run by `make test-vllm` (marker `vllm`). One server for the module, started on
+loopback on a free port (dev mode, an API key) on a copy of the demo model,
+grpo/assets/arith-tiny: tests/tiny_models.py's models have a head size of 8,
+which vLLM's CPU attention refuses ("Unsupported CPU attention configuration:
+head_dim=8"). The last test kills it and starts a second one.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from vllm_marks import VLLM_CPU
+
+from grpo.cli import main
+from grpo.lm.engines import ServerSettings, VLLMSettings
+from grpo.lm.engines.vllm import VLLMEngine
+from grpo.lm.engines.vllm_server import WORKER_EXTENSION, ServerError, VLLMServerEngine
+from grpo.lm.sampling import GenerationSettings
+
+pytestmark = VLLM_CPU
+
+REPO = Path(__file__).resolve().parents[3]
+DEMO_MODEL = REPO / "grpo" / "assets" / "arith-tiny"
+KEY_ENV, KEY = "GRPO_TEST_VLLM_KEY", "test-key"
+STARTUP_S = int(os.environ.get("GRPO_VLLM_SERVER_STARTUP_S", 420))  # 60-100 s measured, idle
+PROMPTS = ["12+34=", "5+7=", "40+41=", "9+9="]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `vllm serve` process (the CPU build) in its own process group."""
+
+    def __init__(self, model: Path, port: int, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_API_KEY": KEY,
+            "PYTHONPATH": str(REPO),  # the worker extension is imported from this checkout
+        }
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its usual processes
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs",
+            "--worker-extension-cls", WORKER_EXTENSION,
+            "--kv-cache-memory-bytes", str(1 << 26), "--max-num-seqs", "64",
+        ]  # fmt: skip
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.process.returncode}); see {log}")
+            try:
+                headers = {"Authorization": f"Bearer {KEY}"}
+                if httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2).is_success:
+                    # the first /server_info collects the machine's environment (slow, then
+                    # cached): done here, so that the engines' 30 s timeout measures the server
+                    httpx.get(f"{self.url}/server_info", headers=headers, timeout=STARTUP_S)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"vllm serve did not answer within {STARTUP_S} s; see {log}")
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.process.pid, sig)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.process.wait(30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("served") / "arith-tiny"
+    shutil.copytree(DEMO_MODEL, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir, tmp_path_factory):
+    """start(port=None) -> a running Server; the first is started here, all stopped at the end."""
+    logs = tmp_path_factory.mktemp("logs")
+    started: list[Server] = []
+
+    def start(port: int | None = None) -> Server:
+        started.append(Server(model_dir, port or _free_port(), logs / f"{len(started)}.log"))
+        return started[-1]
+
+    old = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = KEY
+    try:
+        start()
+        yield start, started
+    finally:
+        for server in started:
+            server.stop()
+        if old is None:
+            os.environ.pop(KEY_ENV)
+        else:
+            os.environ[KEY_ENV] = old
+
+
+def _model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(DEMO_MODEL)
+
+
+def _settings(urls, **kw) -> ServerSettings:
+    return ServerSettings(urls=urls, api_key_env=KEY_ENV, timeout_s=30, **kw)
+
+
+def test_server_samples_equal_the_in_process_engine(servers):
+    """Greedy and seeded samples (ids and log-probs) from the server, one or split over two URLs,
+    equal the in-process vLLM engine's."""
+    url = servers[1][0].url
+    model, tokenizer = _model()
+    rows = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(2)]  # (8, prompt)
+    eos = [tokenizer.eos_token_id]
+    cases = [
+        GenerationSettings(max_new_tokens=5, do_sample=False),
+        GenerationSettings(max_new_tokens=5, temperature=1.0, top_k=4),
+    ]
+    with VLLMEngine(
+        model, tokenizer, VLLMSettings(engine_kwargs={"kv_cache_memory_bytes": 1 << 26})
+    ) as local:
+        want = [local.sample(rows, s, eos, seed=3) for s in cases]
+    two = [url, url.replace("127.0.0.1", "localhost")]  # one server under two URLs: split rows
+    for urls in ([url], two):
+        with VLLMServerEngine(model, tokenizer, _settings(urls), None) as engine:
+            for settings, expected in zip(cases, want, strict=True):
+                got = engine.sample(rows, settings, eos, seed=3)
+                assert got.token_ids == expected.token_ids
+                gaps = [abs(a - b) for r, s in zip(got.logprobs, expected.logprobs, strict=True)
+                        for a, b in zip(r, s, strict=True)]  # fmt: skip
+                assert max(gaps) < 1e-5
+
+
+def test_server_follows_the_trainer_and_a_skipped_sync_is_caught(servers, tmp_path):
+    """After Adam steps that make one token near-certain, the check fails until the next sync;
+    then the server samples that token; a server reloaded with an older version fails it too."""
+    url = servers[1][0].url
+    model, tokenizer = _model()
+    rows = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    eos, target = [tokenizer.eos_token_id], tokenizer.convert_tokens_to_ids("7")
+    greedy = GenerationSettings(max_new_tokens=3, do_sample=False)
+    with VLLMServerEngine(
+        model, tokenizer, _settings([url], publish_dir=str(tmp_path)), None
+    ) as engine:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        ids = torch.tensor([rows[0]])
+        for _ in range(20):  # next token after the first prompt -> "7"
+            logits = model(input_ids=ids).logits[0, -1]
+            loss = torch.nn.functional.cross_entropy(logits[None], torch.tensor([target]))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with pytest.raises(RuntimeError, match="do not hold the trainer's weights"):
+            engine.check()  # the sync was skipped: the server still has the old weights
+        samples = engine.sample(rows[:1] * 4, greedy, eos, seed=0)  # syncs first
+        assert [ids[0] for ids in samples.token_ids] == [target] * 4
+        with torch.no_grad():
+            p = torch.log_softmax(model(input_ids=ids).logits[0, -1], -1)[target]
+        assert abs(samples.logprobs[0][0] - float(p)) < 1e-4
+        versions = sorted(tmp_path.glob("weights-*"), key=lambda p: p.stat().st_mtime_ns)
+        assert len(versions) == 2  # keep_versions: older ones deleted
+        old = versions[0]
+        engine.clients[0].rpc("grpo_reload", [str(old), old.name], "a test's stale reload")
+        with pytest.raises(RuntimeError, match="holds weights version"):
+            engine.check()
+
+
+def test_a_stalled_server_gives_an_error_naming_it_within_the_timeout(servers):
+    """A stopped (SIGSTOP) server fails the rollout with a ServerError naming it and the rows in
+    flight, within the timeout; once it runs again the engine samples again."""
+    server = servers[1][0]
+    model, tokenizer = _model()
+    rows = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    settings = GenerationSettings(max_new_tokens=3, do_sample=False)
+    eos = [tokenizer.eos_token_id]
+    with VLLMServerEngine(model, tokenizer, _settings([server.url]), None) as engine:
+        engine.settings.timeout_s = 5
+        for client in engine.clients:
+            client.timeout_s, client.http.timeout = 5, httpx.Timeout(5, connect=5)
+        engine.sync = lambda: None  # stall the sampling calls, not the reload
+        server.signal(signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(ServerError) as caught:
+                engine.sample(rows, settings, eos, seed=0)
+        finally:
+            server.signal(signal.SIGCONT)
+        assert time.monotonic() - start < 15
+        message = str(caught.value)
+        assert server.url in message and "did not answer within" in message
+        assert "sampling prompt rows 0-3 of a 4-row rollout" in message
+        assert len(engine.sample(rows, settings, eos, seed=0).token_ids) == 4
+
+
+def test_killed_server_stops_the_run_and_resume_continues(servers, tmp_path, monkeypatch):
+    """`grpo train` with the server killed at step 3's rollout: an error naming the server, the
+    checkpoint of step 2 intact; with a new server on that port, --resume ends the run, every
+    step trained and logged once."""
+    start, started = servers
+    server = started[0]
+    monkeypatch.chdir(REPO)
+    run_dir, port = tmp_path / "run", server.url.rsplit(":", 1)[1]
+    sets = [
+        "rollout.engine=vllm_server", f"rollout.server.urls=[{server.url}]",
+        f"rollout.server.api_key_env={KEY_ENV}", "rollout.server.timeout_s=30",
+        "prompts_per_step=4", "grpo.group_size=4", "grpo.batch_size=16",
+        "policy.micro_batch_size=16", "schedule.num_steps=5", "schedule.warmup_steps=0",
+        "task.eval_size=4", "evaluation.every=0", "run.checkpoint_every=1",
+        "run.tensorboard=false", f"run.dir={run_dir}",
+    ]  # fmt: skip
+    original_sync = VLLMServerEngine.sync
+    checkpoints = run_dir / "checkpoints"
+
+    def sync_then_kill(engine):
+        original_sync(engine)
+        if (checkpoints / "step-000002").exists():  # step 3's rollout: weights in, then death
+            server.stop()
+
+    monkeypatch.setattr(VLLMServerEngine, "sync", sync_then_kill)
+    with pytest.raises(ServerError) as caught:
+        main(["train", "configs/demo.yaml", *[a for s in sets for a in ("--set", s)]])
+    assert server.url in str(caught.value) and "sampling prompt rows" in str(caught.value)
+    assert (checkpoints / "step-000002" / "manifest.json").exists()
+    assert not (checkpoints / "step-000003").exists()
+    monkeypatch.setattr(VLLMServerEngine, "sync", original_sync)
+    start(int(port))
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "reward/mean" in r]  # a step of equal rewards: no loss
+    assert steps == [1, 2, 3, 4, 5]

@@ -130,3 +130,15 @@ def test_the_demo_overlapped_stamps_versions_and_resume_resamples_the_queue(tmp_
     resumed = _rows(tmp_path / "run")
     assert [row["staleness/sampler_version"] for row in resumed] == [0.0, 0.0, 2.0, 2.0]
     assert resumed[:2] == rows[:2]  # the log before the checkpoint is kept as it was
+
+
+def test_the_in_process_vllm_engine_with_overlap_is_refused_before_anything_loads():
+    """rollout.engine vllm cannot be copied for a sampling thread: refused naming both settings."""
+    from grpo.run.config_files import load_config
+    from grpo.run.structured import ConfigError
+    from grpo.run.train import build_loop
+
+    sets = ["run.max_staleness=1", "rollout.engine=vllm"]
+    config = load_config(str(REPO / "configs" / "demo.yaml"), sets)
+    with pytest.raises(ConfigError, match="run.max_staleness=1 with rollout.engine vllm"):
+        build_loop(config, lambda config: pytest.fail("the parts were built"))

@@ -31,6 +31,9 @@ class Rollout(NamedTuple):
     old_logprobs: Tensor | None = None  # (N, T) float32 log π_old; None = on-policy (not recorded)
     completion_mask: Tensor | None = None  # (N, T) bool, True = counted; recorded with old_logprobs
     token_counts: Tensor | None = None  # (N,) long: positions the loss counts; None = unknown
+    # (N, T') float32 log π_sampler: the sampler's own log-probs of samples drawn with older
+    # weights than the trainer's (overlapped rollouts, grpo.run.overlap); None = not stale
+    sampler_logprobs: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -51,6 +54,7 @@ class Rollout(NamedTuple):
             old_logprobs=pick(self.old_logprobs),
             completion_mask=pick(self.completion_mask),
             token_counts=pick(self.token_counts),
+            sampler_logprobs=pick(self.sampler_logprobs),
         )
 
     @staticmethod
@@ -69,6 +73,7 @@ class Rollout(NamedTuple):
             old_logprobs=cat("old_logprobs"),
             completion_mask=cat("completion_mask"),
             token_counts=cat("token_counts"),
+            sampler_logprobs=cat("sampler_logprobs"),
         )
 
     def to_experience_batch(self, group_size: int, token_level: bool = True) -> ExperienceBatch:

@@ -158,7 +158,7 @@ class WandbSettings:
 
 @dataclass
 class RunSettings:
-    """Where a run writes, how often it checkpoints, and what it logs."""
+    """Where a run writes, how often it checkpoints, what it logs, and how its stages overlap."""
 
     dir: str | None = None
     """Run directory; null = runs/<config file name>. Must not hold another run (use --resume)."""
@@ -178,6 +178,11 @@ class RunSettings:
     """Seed every RNG and use deterministic algorithms (seed 001's set-up)."""
     save_final: bool = True
     """Save the trained model in Hugging Face format under final/."""
+    max_staleness: int = 0
+    """Overlapped rollouts: 0 = every step samples, then updates; k >= 1 = a thread samples
+    the batches of later steps while the trainer updates, each with weights at most k
+    updates old, trained on with the decoupled objective (docs/async.md). Each stage
+    computes with `threads` torch threads: give the two together at most the cores."""
 
     def __post_init__(self) -> None:
         check_int("run", "checkpoint_every", self.checkpoint_every, minimum=0)
@@ -185,6 +190,7 @@ class RunSettings:
         check_int("run", "log_every", self.log_every)
         if self.threads is not None:
             check_int("run", "threads", self.threads)
+        check_int("run", "max_staleness", self.max_staleness, minimum=0)
 
 
 TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "entropy_coeff": 0.0}

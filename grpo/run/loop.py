@@ -25,6 +25,7 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -34,7 +35,9 @@ from typing import Any
 
 import torch
 
+from grpo import distributed
 from grpo.protocols import hook
+from grpo.run.overlap import RolloutProducer, check_overlap, overlapped_step
 from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
@@ -181,11 +184,22 @@ class TrainingLoop:
         evaluate: Evaluator | None = None,
         eval_every: int = 0,
         sink: Any = None,
+        max_staleness: int = 0,
     ) -> None:
-        """`trainer.optimizer` gets the schedule; `evaluate()` -> (metrics, samples) or None."""
+        """`trainer.optimizer` gets the schedule; `evaluate()` -> (metrics, samples) or None.
+        `max_staleness` >= 1: later steps are sampled while the trainer updates
+        (`grpo.run.overlap`); 0: every step samples, then updates."""
         from transformers import get_scheduler
 
         check_int("evaluation", "every", eval_every, minimum=0)
+        check_int("run", "max_staleness", max_staleness, minimum=0)
+        check_overlap(trainer, max_staleness, distributed.world_size())
+        self.producer = None  # no thread at all with max_staleness 0
+        if max_staleness:
+            self.producer = RolloutProducer(
+                trainer.policy, trainer.reward_model, sampler, trainer.config.group_size,
+                max_staleness, schedule.num_steps,
+            )  # fmt: skip
         self.trainer = trainer
         self.sampler = sampler
         self.schedule = schedule
@@ -211,25 +225,37 @@ class TrainingLoop:
         """Run to the end (resuming at `self.step`); `after_step(step)` e.g. checkpoints."""
         if self.step == 0 and not self.evaluations:
             self.evaluate()
-        while not self.done:
-            self.train_step()
-            if self.eval_every and self.step % self.eval_every == 0 and not self.done:
-                self.evaluate()
-            if self.done:
-                self.evaluate()
-            if after_step is not None:
-                after_step(self.step)
+        try:
+            while not self.done:
+                self.train_step()
+                if self.eval_every and self.step % self.eval_every == 0 and not self.done:
+                    self.evaluate()
+                if self.done:
+                    self.evaluate()
+                if after_step is not None:
+                    after_step(self.step)
+        finally:
+            self.close()
         return self.history
+
+    def close(self) -> None:
+        """Stop the rollout producer's thread, if there is one (`train` does at its end)."""
+        if self.producer is not None:
+            self.producer.close()
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step on the next batch of states; returns (and logs) its metrics."""
         lr = self.trainer.optimizer.param_groups[0]["lr"]
-        # dynamic sampling draws its extra states from the same sampler
-        metrics = dict(self.trainer.train_step(next(self.sampler), refill=lambda: next(self.sampler)))
+        if self.producer is not None:
+            metrics = overlapped_step(self.producer, self.trainer, self.step)
+        else:  # dynamic sampling draws its extra states from the same sampler
+            refill = lambda: next(self.sampler)  # noqa: E731
+            metrics = dict(self.trainer.train_step(next(self.sampler), refill=refill))
         self.scheduler.step()
         self.step += 1
-        metrics.update(hook(self.trainer.policy, "rollout_metrics") or {})
-        metrics.update(hook(self.trainer.reward_model, "last_metrics") or {})
+        if self.producer is None:  # overlapped: the sampler's, in the step's metrics already
+            metrics.update(hook(self.trainer.policy, "rollout_metrics") or {})
+            metrics.update(hook(self.trainer.reward_model, "last_metrics") or {})
         if self._start_reward is None:
             self._start_reward = metrics["reward/mean"]
         metrics["reward/start"] = self._start_reward
@@ -247,7 +273,9 @@ class TrainingLoop:
         if self.evaluator is None:
             return {}
         start = time.perf_counter()
-        metrics, samples = self.evaluator()
+        paused = self.producer.paused() if self.producer is not None else contextlib.nullcontext()
+        with paused:  # sampling seeds itself through torch's global generator
+            metrics, samples = self.evaluator()
         record = {**metrics, "eval/samples": samples}
         self.evaluations.append({"step": self.step, **record})
         self.sink({**record, "time/eval": time.perf_counter() - start}, self.step)
@@ -256,20 +284,28 @@ class TrainingLoop:
     # ------------------------------------------------------------- resumable state
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs (tensors and plain values; see `GRPOTrainer.state_dict`)."""
-        policy = self.trainer.policy
-        sampling = hook(policy, "sampling_state")
+        drawn = None if self.producer is None else self.producer.resume_state(self.step)
+        if drawn is None:  # with a producer, batches drawn but not trained on are re-sampled
+            sampling = hook(self.trainer.policy, "sampling_state")
+            sampler = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None
+            drawn = {
+                "sampler": sampler,
+                "policy_sampling": sampling() if callable(sampling) else None,
+            }
         return {
             "trainer": self.trainer.state_dict(),
             "step": self.step,
             "start_reward": self._start_reward,
             "history": self.history,
             "evaluations": self.evaluations,
-            "sampler": self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None,
+            "sampler": drawn["sampler"],
             "scheduler": self.scheduler.state_dict(),
-            "policy_sampling": sampling() if callable(sampling) else None,
+            "policy_sampling": drawn["policy_sampling"],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.producer is not None:  # it drew from the state replaced here
+            self.producer.forget_drawn()
         self.trainer.load_state_dict(state["trainer"])
         self.step = int(state["step"])
         self._start_reward = state["start_reward"]

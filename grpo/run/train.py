@@ -78,12 +78,19 @@ def build_loop(
         generation = config.policy.generation
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()
+    if config.run.max_staleness and config.rollout.engine == "vllm":
+        raise ConfigError(
+            f"run.max_staleness={config.run.max_staleness} with rollout.engine vllm: the "
+            "in-process engine cannot be copied for a sampling thread; allowed: "
+            "max_staleness 0, or engine transformers or lean"
+        )
     parts = build_parts(config)
     try:
         trainer = GRPOTrainer(
             parts.policy, parts.reward, make_optimizer(config.schedule), config.grpo,
             config.distributed, grad_scaler=parts.grad_scaler,
         )  # fmt: skip
+        trainer.objective.tis_cap = config.rollout.tis_cap  # stale samples' correction cap
         sampler = StateSampler(parts.train_states, config.prompts_per_step, seed=config.seed)
         loop = TrainingLoop(
             trainer,
@@ -92,6 +99,7 @@ def build_loop(
             evaluate=parts.evaluate,
             eval_every=config.evaluation.every,
             sink=sink,
+            max_staleness=config.run.max_staleness,
         )
     except BaseException:
         close_policy(parts.policy)

@@ -29,17 +29,19 @@ Departures from seed 004:
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from grpo.functional.importance import truncated_importance_weights
 from grpo.functional.losses import GlobalCounts, policy_loss
 from grpo.protocols import TokenLevelPolicy, TokenLogProbs, hook
 from grpo.records import ExperienceBatch, Rollout
 
-__all__ = ["GRPOObjective", "policy_logprobs"]
+__all__ = ["GRPOObjective", "behaviour_weights", "policy_logprobs"]
 
 
 class GRPOObjective:
@@ -55,7 +57,10 @@ class GRPOObjective:
         kl_estimator: str = "k3",
         clip_epsilon_high: float | None = None,
         max_completion_length: int | None = None,
+        tis_cap: float | None = None,
     ) -> None:
+        """`tis_cap`: the cap of the behaviour correction of stale samples (None = none)."""
+        self.tis_cap = tis_cap
         self.clip_epsilon = clip_epsilon
         self.kl_coeff = kl_coeff
         self.entropy_coeff = entropy_coeff
@@ -119,6 +124,10 @@ class GRPOObjective:
         elif hook(current_policy, "sampler_is_scorer") is not True:
             # the old pass was skipped (one update per rollout): π_old is this pass, detached
             weights = _detached_old_weights(current_policy, actions, current)  # (N, T) or None
+        if weights is None and samples.sampler_logprobs is not None and old_logprobs is not None:
+            weights = behaviour_weights(
+                old_logprobs, samples.sampler_logprobs, current.completion_mask, self.tis_cap
+            )  # (N, T): decoupled PPO's π_old / π_sampler
         loss, stats = policy_loss(
             current.logprobs,
             old_logprobs,
@@ -189,6 +198,19 @@ def _detached_old_weights(policy: Any, actions: list[Any], current: TokenLogProb
     if note is not None:
         note(actions, old, current.completion_mask)
     return _importance_weights(policy, actions, old)
+
+
+def behaviour_weights(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, completion_mask: Tensor, cap: float | None
+) -> Tensor:
+    """min(π_old / π_sampler, cap) per token (N, T) for samples of older weights; cap None =
+    untruncated. `sampler_logprobs` (N, T') may be scored at another padding width."""
+    T = old_logprobs.shape[1]
+    sampler = sampler_logprobs.float().to(old_logprobs.device)[:, :T]  # (N, <= T)
+    sampler = torch.nn.functional.pad(sampler, (0, T - sampler.shape[1]))  # (N, T)
+    mask = completion_mask.to(old_logprobs.device).bool()
+    limit = sys.float_info.max if cap is None else cap
+    return truncated_importance_weights(old_logprobs.float(), sampler, mask, limit)
 
 
 def _old_logprobs(samples: Rollout, current: TokenLogProbs) -> Tensor | None:

@@ -136,30 +136,38 @@ class GRPOTrainer:
         if config.kl_coeff > 0 and config.ref_update_frequency == 1:
             warnings.warn(
                 f"ref_update_frequency=1 with kl_coeff={config.kl_coeff}: the reference is copied "
-                "from the policy every step, so it is the policy that sampled the step (π_old) "
-                "and the KL term is 0 until an optimizer step has changed the policy: exactly 0 "
-                "with one optimizer step per rollout. Use ref_update_frequency=0 (a fixed "
-                "reference) or a larger interval for the KL term to regularise.",
-                UserWarning,
-                stacklevel=2,
-            )
+                "from the policy every step, so it is the policy that sampled the step (π_old) and"
+                " the KL term is 0 until an optimizer step has changed the policy: exactly 0 with "
+                "one optimizer step per rollout. Use ref_update_frequency=0 (a fixed reference) or"
+                " a larger interval for the KL term to regularise.", UserWarning, stacklevel=2,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ loop
     def train_step(
-        self, states: Sequence[Any], refill: Callable[[], Sequence[Any]] | None = None
+        self,
+        states: Sequence[Any],
+        refill: Callable[[], Sequence[Any]] | None = None,
+        rollout: Rollout | None = None,
     ) -> dict[str, float]:
         """One GRPO update on `states`; returns detached scalar metrics.
 
         `refill()` gives more states for dynamic sampling (default: `states` again).
+        `rollout`: the samples of `states`, drawn already (overlapped rollouts, one process);
+        with `sampler_logprobs` (older weights) log π_old is always recomputed.
         """
         timer = StepTimer()
-        local, metrics = self._collect(states, refill, timer)  # this process's samples
+        if rollout is None:
+            local, metrics = self._collect(states, refill, timer)  # this process's samples
+        else:
+            local, metrics = rollout, {}
+            timer.count_sampled(rollout.actions)
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
         check_on_policy(self.config, len(rewards))
         advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
         skip_zero = self._skips_zero_advantage()
         counts = loss_token_counts(self.policy, local)  # (n,) None: unknown until scored
-        if counts is None or not self._old_pass_redundant(len(rewards)):
+        stale = local.sampler_logprobs is not None  # π_old must be the trainer's own, now
+        if counts is None or stale or not self._old_pass_redundant(len(rewards)):
             rows = self._informative_rows(advantages, local.num_samples) if skip_zero else None
             with timer.phase("old_logprobs"):
                 local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
@@ -202,8 +210,7 @@ class GRPOTrainer:
     def _skips_zero_advantage(self) -> bool:
         """True when a zero-advantage sample's loss and gradient are exactly 0: no KL and no
         entropy term (`GRPOConfig.skip_zero_advantage`)."""
-        c = self.config
-        no_kl = c.kl_coeff == 0 or self.reference_policy is None
+        c, no_kl = self.config, self.config.kl_coeff == 0 or self.reference_policy is None
         return c.skip_zero_advantage and no_kl and c.entropy_coeff == 0
 
     def _informative_rows(self, advantages: Tensor, num_local: int) -> Tensor:
@@ -215,16 +222,12 @@ class GRPOTrainer:
 
     def _old_pass_redundant(self, N: int) -> bool:
         """True when log π_old would equal the first gradient pass's detached log-probs."""
-        config = self.config
+        c = self.config
         one_update = (
-            config.num_epochs_per_update == 1
-            and config.batch_size * config.gradient_accumulation_steps >= N
+            c.num_epochs_per_update == 1 and c.batch_size * c.gradient_accumulation_steps >= N
         )
-        same_pass = (
-            hook(self.policy, "sampler_is_scorer") is True
-            or hook(self.policy, "train_pass_is_old") is True
-        )
-        return config.skip_redundant_old_logprobs and one_update and same_pass
+        same = any(hook(self.policy, h) is True for h in ("sampler_is_scorer", "train_pass_is_old"))
+        return c.skip_redundant_old_logprobs and one_update and same
 
     def _run_epoch(
         self,
@@ -396,4 +399,3 @@ class GRPOTrainer:
         state = checkpoint.load(path)
         self.load_state_dict(state)
         return state
-

@@ -144,3 +144,53 @@ def test_token_logprobs_trimmed_to_a_shorter_mini_batch():
     )
     out = GRPOObjective(kl_coeff=0.0).compute_loss(policy, None, sub, torch.ones(len(short)))
     assert out["ratio/mean"].item() == pytest.approx(1.0, abs=1e-6)
+
+
+class _Fixed:
+    """A per-action policy whose log-probs of actions 0, 1 are a parameter."""
+
+    def __init__(self, logprobs):
+        self.logprobs = torch.nn.Parameter(torch.tensor(logprobs))
+
+    def get_log_probabilities(self, states, actions):
+        return self.logprobs[torch.tensor(actions)]  # (N,)
+
+
+def _stale_samples(sampler_probs):
+    """Two samples of one state: π_old = (0.5, 0.25), advantages (+1, -1), sampler's q given."""
+    from grpo.records import Rollout
+
+    return Rollout(
+        states=[0, 0], actions=[0, 1], rewards=torch.zeros(2),
+        advantages=torch.tensor([1.0, -1.0]),
+        old_logprobs=torch.tensor([[0.5], [0.25]]).log(),
+        completion_mask=torch.ones(2, 1, dtype=torch.bool),
+        sampler_logprobs=None if sampler_probs is None else torch.tensor(sampler_probs).log()[:, None],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("cap", "expected"), [(1.5, -0.65), (None, -0.95)])
+def test_decoupled_loss_of_a_stale_sample_by_hand(cap, expected):
+    """ρ = π/π_old = (1.5, 1), clipped at 1.2 for A > 0; w = min(π_old/q, cap) = (cap or 2, 0.5):
+    L = mean(-w ⋅ min(ρA, clip(ρ)A)) = (-1.2 w_0 + 0.5) / 2; ∇ log π = (0, 0.25) (first clipped)."""
+    policy = _Fixed([math.log(0.75), math.log(0.25)])  # π = 1.5 π_old, 1.0 π_old
+    objective = GRPOObjective(
+        clip_epsilon=0.2, kl_coeff=0.0, entropy_coeff=0.0, aggregation="token_mean", tis_cap=cap
+    )
+    out = objective.loss(policy, None, _stale_samples([0.25, 0.5]))
+    out["total_loss"].backward()
+    assert out["total_loss"].item() == pytest.approx(expected, rel=1e-6)
+    torch.testing.assert_close(policy.logprobs.grad, torch.tensor([0.0, 0.25]), rtol=1e-6, atol=0)
+
+
+def test_decoupled_loss_equals_the_standard_one_when_the_sampler_is_pi_old():
+    """Sampler log-probs equal to π_old: weights exactly 1, the same loss and gradient bit for bit."""
+    grads, losses = [], []
+    for sampler in (None, [0.5, 0.25]):
+        policy = _Fixed([math.log(0.75), math.log(0.25)])
+        objective = GRPOObjective(kl_coeff=0.0, entropy_coeff=0.0, tis_cap=1.5)
+        out = objective.loss(policy, None, _stale_samples(sampler))
+        out["total_loss"].backward()
+        grads.append(policy.logprobs.grad)
+        losses.append(out["total_loss"])
+    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])

@@ -149,3 +149,32 @@ def test_option_must_be_a_bool():
     """skip_redundant_old_logprobs is validated with its name in the message."""
     with pytest.raises(ValueError, match="skip_redundant_old_logprobs"):
         GRPOConfig(skip_redundant_old_logprobs="yes")
+
+
+def test_a_stale_rollout_always_recomputes_pi_old_and_equals_the_fresh_update(tiny_lm_dir):
+    """A rollout with sampler log-probs (overlapped sampling) runs the no-grad pass even where it
+    would be skipped; sampled by these very weights, its update is the synchronous one."""
+    from grpo.step.collect import sample_rollout, score_old_logprobs
+
+    updates, passes = [], []
+    for stale in (False, True):
+        policy = _policy(tiny_lm_dir)
+        rollout = sample_rollout(policy, TokenSumReward(), PROMPTS, 2)
+        if stale:  # the sampler's own log-probs: here the same weights as the trainer's
+            rollout = rollout._replace(
+                sampler_logprobs=score_old_logprobs(policy, rollout).old_logprobs
+            )
+        counts = _count_scoring_passes(policy)
+        config = GRPOConfig(
+            group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0
+        )
+        trainer = GRPOTrainer(
+            policy, TokenSumReward(), lambda ps: torch.optim.SGD(ps, lr=1.0), config
+        )
+        metrics = trainer.train_step(PROMPTS, rollout=rollout)
+        updates.append({n: p.detach().clone() for n, p in policy.model.named_parameters()})
+        passes.append(counts["no_grad"])
+    assert passes[0] == 0 and passes[1] >= 1
+    assert metrics["importance_weight/mean"] == 1.0  # π_old / π_sampler exactly 1
+    for name in updates[0]:
+        torch.testing.assert_close(updates[1][name], updates[0][name], rtol=0, atol=1e-6)

@@ -180,7 +180,8 @@ class RolloutSettings:
     """Cap C of truncated importance sampling, w = min(π_old / π_sampler, C) per token on the
     policy loss (Yao et al. 2025), for any engine whose sampler is not the scorer (vLLM, or
     the transformers and lean engines sampling in another precision); None = no correction.
-    Must be >= 1."""
+    Also caps the behaviour correction of groups sampled with older weights
+    (`run.max_staleness`; None there = untruncated). Must be >= 1."""
 
     def __post_init__(self) -> None:
         _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")

@@ -1,0 +1,144 @@
+"""grpo.run.overlap: overlapped rollouts keep their staleness bound, stamp their versions and
+leave max_staleness 0 without a thread; resuming re-samples what was queued."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from toy_models import SequencePolicy, token_count_reward
+
+from grpo.cli import main
+from grpo.config import GRPOConfig
+from grpo.run.loop import ScheduleConfig, StateSampler, TrainingLoop, make_optimizer
+from grpo.step.trainer import GRPOTrainer
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = ["task.train_size=96", "task.eval_size=8", "run.tensorboard=false", "evaluation.every=0"]
+
+
+def _loop(max_staleness: int, num_steps: int = 6, **grpo) -> TrainingLoop:
+    torch.manual_seed(0)
+    policy = SequencePolicy(num_states=5, vocab_size=4, max_length=4, seed=1)
+    config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=2, kl_coeff=0.1, **grpo)
+    schedule = ScheduleConfig(num_steps=num_steps, learning_rate=0.05)
+    trainer = GRPOTrainer(policy, token_count_reward(1), make_optimizer(schedule), config)
+    sampler = StateSampler(list(range(5)), 4, seed=2)
+    return TrainingLoop(trainer, sampler, schedule, max_staleness=max_staleness)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_each_step_is_sampled_k_versions_back_and_never_older(k):
+    """Step s trains on groups of version max(s - k, 0): staleness min(s, k) <= k, none dropped."""
+    history = _loop(k).train()
+    versions = [row["staleness/sampler_version"] for row in history]
+    assert versions == [float(max(s - k, 0)) for s in range(6)]
+    assert [row["staleness/max"] for row in history] == [float(min(s, k)) for s in range(6)]
+    assert all(row["staleness/mean"] == row["staleness/max"] for row in history)  # one version
+    assert all(row["staleness/dropped_groups"] == 0.0 for row in history)
+    stale = [row for s, row in enumerate(history) if s > 0 and versions[s] < s]
+    assert stale and all("importance_weight/mean" in row for row in stale)  # decoupled loss
+
+
+def test_an_overlapped_run_is_reproducible_from_its_seed():
+    """Two runs with max_staleness 1 end with the same weights: versions, not timing, decide."""
+    first = _loop(1)  # each loop seeds torch's generator, which the toy policy samples from
+    first.train()
+    second = _loop(1)
+    second.train()
+    assert torch.equal(first.trainer.policy.logits, second.trainer.policy.logits)
+
+
+def test_overlap_changes_the_run_and_max_staleness_0_starts_no_thread():
+    """k = 0 has no producer and no extra thread; k = 1 trains on other samples than k = 0."""
+    before = threading.active_count()
+    sync = _loop(0)
+    seen = []
+    sync.train(after_step=lambda step: seen.append(threading.active_count()))
+    assert sync.producer is None and seen == [before] * 6
+    overlapped = _loop(1)
+    overlapped.train()
+    assert not torch.equal(sync.trainer.policy.logits, overlapped.trainer.policy.logits)
+    assert threading.active_count() == before  # the producer's thread ended with the run
+
+
+def test_settings_overlap_cannot_serve_are_refused_by_name():
+    """Dynamic sampling's extra rounds cannot be sampled ahead: named in the error."""
+    with pytest.raises(ValueError, match=r"run.max_staleness=1 with grpo.dynamic_sampling"):
+        _loop(1, dynamic_sampling=True)
+    with pytest.raises(ValueError, match="run.max_staleness"):
+        _loop(-1)
+
+
+class _LoggedSampler(StateSampler):
+    """A StateSampler that records every batch it draws."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drawn = []
+
+    def __next__(self):
+        self.drawn.append(super().__next__())
+        return self.drawn[-1]
+
+
+def test_an_interrupted_overlapped_loop_resumes_by_drawing_the_queued_prompts_again(tmp_path):
+    """Killed after step 3 of 6 with k = 2 (batches 4, 5 drawn ahead): the saved state draws the
+    prompts of steps 3..5 again, as the uninterrupted run drew them."""
+    straight = _loop(2)
+    straight.sampler = straight.producer.sampler = _LoggedSampler(list(range(5)), 4, seed=2)
+    straight.train()
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_3(step):
+        if step == 3:
+            raise Killed
+
+    half = _loop(2)
+    with pytest.raises(Killed):
+        half.train(after_step=kill_after_3)
+    torch.save(half.state_dict(), tmp_path / "state.pt")
+    resumed = _loop(2)
+    resumed.sampler = resumed.producer.sampler = _LoggedSampler(list(range(5)), 4, seed=99)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    history = resumed.train()
+    assert resumed.sampler.drawn == straight.sampler.drawn[3:]
+    assert [row["staleness/sampler_version"] for row in history[3:]] == [3.0, 3.0, 3.0]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if "staleness/sampler_version" in row]
+
+
+def test_the_demo_overlapped_stamps_versions_and_resume_resamples_the_queue(tmp_path, monkeypatch):
+    """configs/demo.yaml with max_staleness 2 (lean engine, 4 steps): versions max(s - 2, 0);
+    resumed from step 2's checkpoint, steps 2 and 3 are sampled again with version 2."""
+    monkeypatch.chdir(REPO)  # the demo names its model by a path relative to the repository
+    sets = [*SHORT, "run.max_staleness=2", "schedule.num_steps=4", "run.checkpoint_every=2"]
+    args = [arg for item in [*sets, f"run.dir={tmp_path / 'run'}"] for arg in ("--set", item)]
+    assert main(["train", "configs/demo.yaml", *args]) == 0
+    rows = _rows(tmp_path / "run")
+    assert [row["staleness/sampler_version"] for row in rows] == [0.0, 0.0, 0.0, 1.0]
+    (tmp_path / "run" / "checkpoints" / "step-000004").rename(tmp_path / "later")
+    assert main(["train", "--resume", str(tmp_path / "run")]) == 0
+    resumed = _rows(tmp_path / "run")
+    assert [row["staleness/sampler_version"] for row in resumed] == [0.0, 0.0, 2.0, 2.0]
+    assert resumed[:2] == rows[:2]  # the log before the checkpoint is kept as it was
+
+
+def test_the_in_process_vllm_engine_with_overlap_is_refused_before_anything_loads():
+    """rollout.engine vllm cannot be copied for a sampling thread: refused naming both settings."""
+    from grpo.run.config_files import load_config
+    from grpo.run.structured import ConfigError
+    from grpo.run.train import build_loop
+
+    sets = ["run.max_staleness=1", "rollout.engine=vllm"]
+    config = load_config(str(REPO / "configs" / "demo.yaml"), sets)
+    with pytest.raises(ConfigError, match="run.max_staleness=1 with rollout.engine vllm"):
+        build_loop(config, lambda config: pytest.fail("the parts were built"))

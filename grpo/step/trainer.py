@@ -26,7 +26,6 @@ Departures from seed 004:
   the loss then uses the detached current log-probs, ratio 1, same gradient;
   actions from another sampler (vLLM, top-p, another precision) are weighed
   against those detached log-probs, as they would be against the pass's.
-- Seed 004's `collection_time`, `advantage_time` became `time/...` (`grpo.step.timing`).
 - Mixed precision (seed 002): a `grad_scaler` (fp16) scales losses, unscales
   gradients before clipping; an overflow skips the step while the scale drops.
 """

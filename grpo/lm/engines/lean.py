@@ -22,6 +22,13 @@ Choices:
 - Sampling is `grpo.functional.sampling` (temperature, top-k, top-p, in
   `generate`'s order), under the same seeded, forked RNG as the transformers
   engine; the draws differ from `generate`'s once rows leave the batch.
+- Under a low-precision `rollout.precision` (bf16-mixed) over float32 weights,
+  the loop runs on a copy of the model whose matrices are cast to bfloat16
+  once per rollout (`LowPrecisionCopy`): autocast alone would cast every
+  weight again at every token. The residual stream, the norms' weights, the
+  rotary angles and the cache stay float32, and attention over the cache
+  runs in float32 outside autocast: at one query token, bfloat16 attention
+  kernels ran 3.3x slower than float32 on a CPU (docs/performance.md).
 - Before its first rollout the engine checks itself on the model: the logits of
   a short probe, prefilled and then decoded token by token, must equal the
   model's plain forward to within the dtype's rounding, else it raises. Models
@@ -31,6 +38,8 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -44,9 +53,9 @@ from grpo.lm.engines.base import Samples, sample_in_chunks
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
-from grpo.precision import compute_dtype
+from grpo.precision import PRECISIONS, compute_dtype
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
+__all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine", "LowPrecisionCopy"]
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -58,9 +67,13 @@ _HALF_TOLERANCE = 5e-2  # bfloat16 / float16
 class LeanDecoder:
     """The model's layers run one decoding step at a time over a preallocated cache."""
 
-    def __init__(self, model: nn.Module, share_prefill: bool = True) -> None:
-        """`share_prefill`: run each distinct prompt row once (see `prefill`)."""
+    def __init__(
+        self, model: nn.Module, share_prefill: bool = True, state_dtype: torch.dtype | None = None
+    ) -> None:
+        """`share_prefill`: run each distinct prompt row once (see `prefill`); `state_dtype`:
+        the residual stream's, rotary angles' and cache's dtype (None = the weights')."""
         self.share_prefill = share_prefill
+        self.state_dtype = state_dtype
         lm = model.get_base_model() if is_peft_model(model) else model
         config = lm.config
         if config.model_type not in LEAN_MODEL_TYPES:
@@ -115,6 +128,8 @@ class LeanDecoder:
         cached and new keys each new token sees.
         """
         x = self.body.embed_tokens(ids)  # (n, S, H)
+        if self.state_dtype is not None:
+            x = x.to(self.state_dtype)
         n, S, _ = x.shape
         end = start + S
         for i, layer in enumerate(self.body.layers):
@@ -129,13 +144,21 @@ class LeanDecoder:
             keys, values = cache[2 * i], cache[2 * i + 1]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
-            out = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end],
-                attn_mask=attend, scale=attn.scaling, enable_gqa=self.gqa,
-            )  # (n, heads, S, D)  # fmt: skip
+            with self._attention_context(ids.device.type):
+                out = F.scaled_dot_product_attention(
+                    q.to(keys.dtype), keys[:, :, :end], values[:, :, :end],
+                    attn_mask=attend, scale=attn.scaling, enable_gqa=self.gqa,
+                )  # (n, heads, S, D) in the cache's dtype  # fmt: skip
             x = x + attn.o_proj(out.transpose(1, 2).reshape(n, S, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.body.norm(x[:, -1]))  # (n, V)
+
+    def _attention_context(self, device_type: str) -> Any:
+        """Autocast off around attention when the cache holds `state_dtype` (float32 keys and
+        values under a bfloat16 copy); as the caller has it otherwise."""
+        if self.state_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, enabled=False)
 
     def decode(
         self,
@@ -155,7 +178,7 @@ class LeanDecoder:
         """
         P, T = ids.shape[1], settings.max_new_tokens
         self.check_length(P + T)
-        dtype, device = self.lm_head.weight.dtype, ids.device
+        dtype, device = self.state_dtype or self.lm_head.weight.dtype, ids.device
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, P) left padding shifts nothing
         steps = torch.arange(1, T + 1, device=device)
         positions = torch.cat([positions, positions[:, -1:] + steps], 1)  # (n, P + T)
@@ -288,8 +311,20 @@ class LeanEngine(TransformersEngine):
         """Arguments as `TransformersEngine`'s."""
         super().__init__(model, tokenizer, precision, scorer_precision, tis_cap)
         self.decoder = LeanDecoder(model)
+        self.low: LowPrecisionCopy | None = None  # built at the first low-precision rollout
         self.check_gap: float | None = None
         """The self-check's relative logit gap, once the first rollout has run it."""
+
+    def _rollout_decoder(self) -> LeanDecoder:
+        """The decoder over the model itself, or, for a low precision over float32 weights,
+        over `LowPrecisionCopy` refreshed from the model's current weights."""
+        low = PRECISIONS[self.precision]
+        if low is None or self.decoder.lm_head.weight.dtype != torch.float32:
+            return self.decoder
+        if self.low is None:
+            self.low = LowPrecisionCopy(self.model, low)
+        self.low.refresh()
+        return self.low.decoder
 
     def _samples(
         self,
@@ -298,19 +333,25 @@ class LeanEngine(TransformersEngine):
         eos_ids: list[int],
         seed: int | None,
     ) -> Samples:
+        decoder = self._rollout_decoder()
         if self.check_gap is None:
-            self.check_gap = self.decoder.check(self.model, prompt_rows[0])
+            self.check_gap = decoder.check(self.model, prompt_rows[0])
         return sample_in_chunks(
             prompt_rows,
             settings,
             seed,
             self.tokenizer.pad_token_id,
-            self.decoder.lm_head.weight.device,
-            lambda ids, mask: self._decode(ids, mask, settings, eos_ids),
+            decoder.lm_head.weight.device,
+            lambda ids, mask: self._decode(decoder, ids, mask, settings, eos_ids),
         )
 
     def _decode(
-        self, ids: Tensor, mask: Tensor, settings: GenerationSettings, eos_ids: list[int]
+        self,
+        decoder: LeanDecoder,
+        ids: Tensor,
+        mask: Tensor,
+        settings: GenerationSettings,
+        eos_ids: list[int],
     ) -> Samples:
         stopped = None
         if settings.stop_strings:
@@ -322,5 +363,30 @@ class LeanEngine(TransformersEngine):
 
         report = self.reports_logprobs(settings)
         logq: list[list[float]] | None = [[] for _ in range(ids.shape[0])] if report else None
-        new = self.decoder.decode(ids, mask, settings, eos_ids, stopped, logprobs_out=logq)
+        new = decoder.decode(ids, mask, settings, eos_ids, stopped, logprobs_out=logq)
         return Samples(new, logq)
+
+
+class LowPrecisionCopy:
+    """A copy of a float32 model with its matrices (weights of two or more dimensions) in a
+    low dtype, and a `LeanDecoder` over it that keeps its state in float32.
+
+    `refresh()` copies the model's current weights in (one cast per rollout, where autocast
+    casts every weight at every decoding step); vectors (norm weights, biases) and buffers
+    (rotary frequencies) stay float32. The copy holds no gradients.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        self.model = copy.deepcopy(model).requires_grad_(False)
+        self.pairs: list[tuple[Tensor, Tensor]] = []  # (copy's, model's) parameter
+        for mine, theirs in zip(self.model.parameters(), model.parameters(), strict=True):
+            if mine.dim() >= 2:
+                mine.data = mine.data.to(dtype)
+            self.pairs.append((mine, theirs))
+        self.decoder = LeanDecoder(self.model, state_dtype=torch.float32)
+
+    def refresh(self) -> None:
+        """Copy (and cast) the model's current weights into the copy."""
+        with torch.no_grad():
+            for mine, theirs in self.pairs:
+                mine.copy_(theirs)

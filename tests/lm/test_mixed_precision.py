@@ -166,3 +166,18 @@ def test_bf16_mixed_resume_is_bitwise_identical(tiny_lm_dir, tmp_path):
     resumed.train_step(PROMPTS[:2])
     pairs = zip(straight.policy.model.parameters(), resumed.policy.model.parameters(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_the_lean_bf16_sampler_follows_the_models_weights_each_rollout(tiny_lm_dir):
+    """The lean engine's bfloat16 copy holds the model's matrices rounded to bfloat16 and its
+    vectors in float32, and a weight changed after one rollout is in the copy at the next."""
+    policy = policy_with(tiny_lm_dir("llama"), "fp32", "lean", sampler="bf16-mixed")
+    sampled(policy)
+    low = policy.rollout_engine.low
+    for mine, theirs in low.pairs:
+        want = theirs.to(torch.bfloat16) if theirs.dim() >= 2 else theirs
+        assert mine.dtype == want.dtype and torch.equal(mine, want)
+    with torch.no_grad():
+        low.pairs[0][1].add_(1.0)
+    sampled(policy)
+    assert torch.equal(low.pairs[0][0], low.pairs[0][1].to(low.pairs[0][0].dtype))

@@ -53,6 +53,7 @@ class Workload:
     learning_rate: float = 1e-5
     steps: int = 4  # timed optimizer steps, after one warm-up step
     threads: int = 2  # torch intra-op threads
+    precision: str = "fp32"  # or "bf16-mixed": grpo's policy.precision, TRL's bf16=True
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

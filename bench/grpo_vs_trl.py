@@ -3,6 +3,8 @@
     python bench/grpo_vs_trl.py                       # the default workload, 3 runs each
     python bench/grpo_vs_trl.py --model medium -G 8 -T 64 --runs 5
     python bench/grpo_vs_trl.py --model tiny -B 2 -G 2 -T 4 --steps 1 --runs 1   # seconds
+    python bench/grpo_vs_trl.py --model-dir ~/.cache/grpo/models/SmolLM2-135M-Instruct-dequantized-Q4_1 \
+        -T 64 --lr 1e-6 --trainers grpo_lean,trl --precision bf16-mixed   # the real model, bf16
 
 The model (a random-init Qwen2 of `--model` size, see `common.MODEL_SIZES`)
 is saved once to a temporary folder. Then, for each of `--runs` rounds, every
@@ -59,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="timed steps per run")
     parser.add_argument("--runs", type=int, default=3, help="subprocesses per trainer")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16-mixed"],
+        help="grpo's policy.precision; bf16-mixed gives TRL bf16=True (bare: float32 always)",
+    )  # fmt: skip
     parser.add_argument("--trainers", default=",".join(TRAINERS))
     parser.add_argument("--model-dir", help="reuse a saved model folder")
     parser.add_argument("--json", help="write the summary here")
@@ -76,6 +82,7 @@ def workload(args: argparse.Namespace) -> Workload:
         learning_rate=args.lr,
         steps=args.steps,
         threads=args.threads,
+        precision=args.precision,
     )
 
 

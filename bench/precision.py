@@ -83,17 +83,18 @@ def worker(args: argparse.Namespace) -> dict:
     settings = CausalLMSettings(generation, micro_batch_size=N, compute_entropy=False,
                                 precision=precision)  # fmt: skip
     policy = CausalLMPolicy(model, tokenizer, settings, RolloutSettings(engine=args.engine))
-    config = GRPOConfig(group_size=args.G, batch_size=N, kl_coeff=0.0, entropy_coeff=0.0)
+    config = GRPOConfig(group_size=args.G, batch_size=N, kl_coeff=0.0, entropy_coeff=0.0,
+                        num_epochs_per_update=1)  # one optimizer step per rollout (the CLI's)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     reward = TextReward(lambda prompts, completions, **_: [len(c) / 100 for c in completions])
     trainer = GRPOTrainer(policy, reward, optimizer=optimizer, config=config)
     start_bf16 = [p.detach().bfloat16() for p in model.parameters()]
-    times, changed, lengths = [], [], []
+    times, changed, lengths, phases = [], [], [], []
     for step in range(args.steps + 1):  # step 0 warms up, untimed
         states = [prompt(step * args.B + i) for i in range(args.B)]
         before = [p.detach().clone() for p in model.parameters()]
         t0 = time.perf_counter()
-        trainer.train_step(states)
+        metrics = trainer.train_step(states)
         seconds = time.perf_counter() - t0
         moved = sum(
             int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before, strict=True)
@@ -103,6 +104,7 @@ def worker(args: argparse.Namespace) -> dict:
             times.append(seconds)
             changed.append(moved / total)
             lengths.append(policy.rollout_metrics["completion/length_mean"])
+            phases.append({k[5:]: v for k, v in metrics.items() if k.startswith("time/")})
     differs = sum(
         int((p.detach().bfloat16() != s).sum())
         for p, s in zip(model.parameters(), start_bf16, strict=True)
@@ -112,6 +114,7 @@ def worker(args: argparse.Namespace) -> dict:
         "times": times, "peak_rss_gib": peak_rss_mib() / 1024, "changed_per_step": changed,
         "differs_from_start_bf16": differs / sum(s.numel() for s in start_bf16),
         "length_mean": statistics.mean(lengths),
+        "phases": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
     }  # fmt: skip
 
 
@@ -129,9 +132,9 @@ def steps(args: argparse.Namespace) -> None:
             print(json.dumps(record), flush=True)
     print(
         "| variant | s/step (median of rounds) | vs float32 (per round) | peak RSS GiB | "
-        "weights changed per step | differ from start in bf16 | completion length |"
+        "weights changed per step | differ from start in bf16 | completion length | phases s |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     base = {r["round"]: r["s_per_step"] for r in records if r["variant"] == "float32"}
     for variant in VARIANTS:
         rows = [r for r in records if r["variant"] == variant]
@@ -140,7 +143,9 @@ def steps(args: argparse.Namespace) -> None:
         print(f"| {variant} | {statistics.median(r['s_per_step'] for r in rows):.1f} | {ratios} | "
               f"{max(r['peak_rss_gib'] for r in rows):.2f} | {changed:.2%} | "
               f"{statistics.mean(r['differs_from_start_bf16'] for r in rows):.2%} | "
-              f"{statistics.mean(r['length_mean'] for r in rows):.0f} |")  # fmt: skip
+              f"{statistics.mean(r['length_mean'] for r in rows):.0f} | "
+              + ", ".join(f"{k} {statistics.median(r['phases'][k] for r in rows):.1f}"
+                          for k in rows[0]["phases"] if k not in ("step", "other")) + " |")  # fmt: skip
 
 
 def kernels(args: argparse.Namespace) -> None:

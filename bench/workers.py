@@ -45,7 +45,8 @@ def run_grpo(model_dir: Path, work: Workload, engine: str = "transformers") -> d
 
     N = work.prompts * work.group_size
     generation = GenerationSettings(max_new_tokens=work.max_new_tokens, temperature=1.0, seed=0)
-    settings = CausalLMSettings(generation=generation, micro_batch_size=N, compute_entropy=False)
+    settings = CausalLMSettings(generation=generation, micro_batch_size=N, compute_entropy=False,
+                                precision=work.precision)  # fmt: skip
     rollout = RolloutSettings(engine=engine)
     policy = CausalLMPolicy.from_pretrained(
         str(model_dir), settings, dtype="float32", rollout=rollout
@@ -99,7 +100,8 @@ def run_trl(model_dir: Path, work: Workload) -> dict:
             longest.append(trainer._metrics["train"]["completions/max_length"][-1])
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = make_trl_trainer(model_dir, work, out)
+        # bf16=True: TRL's mixed precision (float32 weights, bfloat16 autocast), as bf16-mixed
+        trainer = make_trl_trainer(model_dir, work, out, bf16=work.precision == "bf16-mixed")
         trainer.add_callback(StepClock())
         setup_rss = _rss_mib()
         trainer.train()

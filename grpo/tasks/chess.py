@@ -14,8 +14,11 @@ moves include malformed ones ("zz", "e2e9").
 The prompt (`PROMPTS`, the task option ``prompt``) is the bare ``FEN: ...``
 line (``"fen"``, for a model trained on that format), or chat messages for a
 chat model read through its chat template: a system instruction saying what
-to write (``"instruction"``), optionally followed by one worked example, the
-initial position and its 20 moves (``"example"``).
+to write (``"instruction"``), optionally followed by one worked example: the
+initial position and its 20 moves (``"example"``), or a rook endgame and its 16
+moves (``"endgame_example"``), a list that is rarely legal anywhere else, so that
+copying the example does not pay (``docs/chess.md``: with the initial position
+GRPO learns to copy its list into every position).
 
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end
@@ -42,6 +45,8 @@ from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
     "ChessRewardConfig",
+    "ENDGAME_ANSWER",
+    "ENDGAME_FEN",
     "INSTRUCTION",
     "PROMPTS",
     "PROMPT_TEMPLATE",
@@ -57,6 +62,7 @@ __all__ = [
 ]
 
 START_FEN = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+ENDGAME_FEN = "8/8/8/4k3/8/8/8/R3K3 w Q - 0 1"
 PROMPT_TEMPLATE = "FEN: {fen}\n"
 SPLITS = ("train", "held_out")
 _MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
@@ -71,6 +77,9 @@ EXAMPLE_ANSWER = (
     "M: a2a3 a2a4 b1a3 b1c3 b2b3 b2b4 c2c3 c2c4 d2d3 d2d4 e2e3 e2e4 f2f3 f2f4 g1f3 g1h3 "
     "g2g3 g2g4 h2h3 h2h4"
 )  # every legal move of START_FEN (a test checks it)
+ENDGAME_ANSWER = (
+    "M: a1a2 a1a3 a1a4 a1a5 a1a6 a1a7 a1a8 a1b1 a1c1 a1d1 e1c1 e1d1 e1d2 e1e2 e1f1 e1f2"
+)  # every legal move of ENDGAME_FEN, castling queenside included (a test checks it)
 
 
 def _fen_prompt(fen: str) -> str:
@@ -84,22 +93,27 @@ def _instruction_prompt(fen: str) -> list[dict[str, str]]:
     ]
 
 
-def _example_prompt(fen: str) -> list[dict[str, str]]:
-    system, user = _instruction_prompt(fen)
-    example = [
-        {"role": "user", "content": _fen_prompt(START_FEN).strip()},
-        {"role": "assistant", "content": EXAMPLE_ANSWER},
-    ]
-    return [system, *example, user]
+def _worked_example(example_fen: str, answer: str) -> Callable[[str], list[dict[str, str]]]:
+    def prompt(fen: str) -> list[dict[str, str]]:
+        system, user = _instruction_prompt(fen)
+        example = [
+            {"role": "user", "content": _fen_prompt(example_fen).strip()},
+            {"role": "assistant", "content": answer},
+        ]
+        return [system, *example, user]
+
+    return prompt
 
 
 PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
     "fen": _fen_prompt,
     "instruction": _instruction_prompt,
-    "example": _example_prompt,
+    "example": _worked_example(START_FEN, EXAMPLE_ANSWER),
+    "endgame_example": _worked_example(ENDGAME_FEN, ENDGAME_ANSWER),
 }
 """The prompt of a position: the bare FEN line; an instruction and the FEN as chat
-messages; the same with one worked example (the initial position) before the FEN."""
+messages; the same with one worked example (the initial position, or a rook endgame)
+before the FEN."""
 
 
 @dataclass(frozen=True)
@@ -215,13 +229,18 @@ def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> 
     """Evaluation metrics of one completion per row (its ``fen`` column), means over completions:
     format_rate (one ``M:`` line), precision (the share of listed moves that are legal) and
     coverage (the share of the legal moves found), an unformatted completion counting 0 in
-    both, and precision_formatted (precision over the formatted completions alone; nan if none)."""
+    both, precision_formatted (precision over the formatted completions alone) and
+    distinct_rate (distinct sets of listed moves per formatted completion: 1 when every
+    position gets its own list, 1 / n when one list is written everywhere); nan if none is
+    formatted."""
     formatted = precision = coverage = 0.0
+    lists: set[frozenset[str]] = set()
     for row, completion in zip(rows, completions, strict=True):
         moves = parse_move_list(completion)
         if moves is None:
             continue
         formatted += 1
+        lists.add(frozenset(moves))
         check = check_moves(row["fen"], moves)
         precision += len(check.legal) / (len(check.legal) + len(check.illegal))
         coverage += len(check.legal) / check.num_legal
@@ -231,6 +250,7 @@ def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> 
         "precision": precision / n,
         "coverage": coverage / n,
         "precision_formatted": precision / formatted if formatted else float("nan"),
+        "distinct_rate": len(lists) / formatted if formatted else float("nan"),
     }
 
 

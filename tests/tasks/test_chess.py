@@ -8,6 +8,8 @@ pytest.importorskip("chess")
 
 from grpo.rewards.chess import legal_moves  # noqa: E402
 from grpo.tasks.chess import (  # noqa: E402
+    ENDGAME_ANSWER,
+    ENDGAME_FEN,
     INSTRUCTION,
     PROMPTS,
     START_FEN,
@@ -86,33 +88,37 @@ def test_evaluate_oracle_and_garbage():
         "precision": 1.0,
         "coverage": 1.0,
         "precision_formatted": 1.0,
+        "distinct_rate": 1.0,
         "num_positions": 5.0,
     }
     garbage = evaluate(lambda ps: ["I don't know"] * len(ps), rows)
     assert garbage["reward"] == -1.0 and garbage["format_rate"] == 0.0
-    assert math.isnan(garbage["precision_formatted"])
+    assert math.isnan(garbage["precision_formatted"]) and math.isnan(garbage["distinct_rate"])
 
 
 def test_breakdown_on_hand_made_answers():
-    """Means over completions, an unformatted one counting 0; precision_formatted skips it."""
-    rows = [{"fen": START_FEN}, {"fen": PROMOTION}, {"fen": START_FEN}]
-    completions = ["M: e2e4 d2d4 e2e4 zz", "M: a7a8q a1a2 a1b1 a1b2", "e2e4"]
+    """Means over completions, an unformatted one counting 0; precision_formatted skips it;
+    distinct_rate counts sets of moves (order and repeats aside) per formatted completion."""
+    rows = [{"fen": START_FEN}, {"fen": PROMOTION}, {"fen": START_FEN}, {"fen": PROMOTION}]
+    completions = ["M: e2e4 d2d4 e2e4 zz", "M: a7a8q a1a2 a1b1 a1b2", "e2e4",
+                   "M: a1b2 a1b1 a7a8q a1a2 a1a2"]  # fmt: skip
     # start: 2 distinct legal of 20, 1 illegal listed (the repeat is neither): precision 2/3
-    # promotion: 4 legal of 7, nothing illegal: precision 1
+    # promotion: 4 legal of 7, nothing illegal: precision 1 (twice, the same set of moves)
     assert breakdown(rows, completions) == pytest.approx(
         {
-            "format_rate": 2 / 3,
-            "precision": (2 / 3 + 1) / 3,
-            "coverage": (2 / 20 + 4 / 7) / 3,
-            "precision_formatted": (2 / 3 + 1) / 2,
+            "format_rate": 3 / 4,
+            "precision": (2 / 3 + 1 + 1) / 4,
+            "coverage": (2 / 20 + 4 / 7 + 4 / 7) / 4,
+            "precision_formatted": (2 / 3 + 1 + 1) / 3,
+            "distinct_rate": 2 / 3,
         },
         rel=1e-12,
     )
 
 
 def test_prompts_instruction_and_worked_example():
-    """'fen' is the bare line; 'instruction' and 'example' are chat messages ending with the
-    position; the worked example lists exactly the initial position's legal moves."""
+    """'fen' is the bare line; 'instruction' and the worked examples are chat messages ending
+    with the position; each worked example lists exactly its position's legal moves."""
     fen = generate_dataset(1, seed=0)[0]["fen"]
     assert PROMPTS["fen"](fen) == f"FEN: {fen}\n"
     assert PROMPTS["instruction"](fen) == [
@@ -124,5 +130,10 @@ def test_prompts_instruction_and_worked_example():
     assert example == {"role": "user", "content": f"FEN: {START_FEN}"}
     assert answer["role"] == "assistant" and answer["content"] == ALL_START
     assert generate_dataset(3, seed=1, prompt="example")[0]["prompt"][-1]["role"] == "user"
-    with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example"):
+    _, example, answer, user = PROMPTS["endgame_example"](fen)
+    assert (example["content"], user["content"]) == (f"FEN: {ENDGAME_FEN}", f"FEN: {fen}")
+    assert answer["content"] == "M: " + " ".join(sorted(legal_moves(ENDGAME_FEN)))
+    assert "e1c1" in ENDGAME_ANSWER  # castling is a legal move to list
+    with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example, "
+                                         "endgame_example"):  # fmt: skip
         generate_dataset(1, prompt="chat")

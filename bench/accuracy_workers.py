@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 ACCURACY = "eval/greedy/accuracy"
 
 
+NOTES: dict[str, float] = {}  # more figures of the run for its record
 EXTRA = (  # more held-out figures recorded where the task reports them (word problems)
     "eval/heldout_numbers/greedy/accuracy",
     "eval/heldout_phrasings/greedy/accuracy",
@@ -69,13 +71,14 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     config = run_config(overrides, seed, str(out / "grpo"))
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_task)
-    points, seconds, cpu = [], 0.0, 0.0
+    points, seconds, cpu, sampling = [], 0.0, 0.0, 0.0
     for step in range(config.schedule.num_steps + 1):
         if step % eval_every == 0 or step == config.schedule.num_steps:
-            points.append(point(parts.evaluate()[0], step, seconds, cpu))
+            points.append({**point(parts.evaluate()[0], step, seconds, cpu),
+                           "sampling_seconds": sampling})  # fmt: skip
         if step < config.schedule.num_steps:
             start, start_cpu = time.perf_counter(), time.process_time()
-            loop.train_step()
+            sampling += loop.train_step().get("time/sampling", 0.0)
             seconds += time.perf_counter() - start
             cpu += time.process_time() - start_cpu
     return points
@@ -119,6 +122,7 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     config = run_config(overrides, seed, str(out / "grpo-eval"))
     seed_everything(config.seed, False, config.run.threads)
     parts = build_task(config)  # the data and the evaluator; its policy only evaluates
+    NOTES["rss_before_training_gib"] = peak_rss_gib()  # the evaluator's share of TRL's peak
     steps = config.schedule.num_steps
     points: list[dict] = []
     # training starts when TRL's first step is about to; evaluations are off both clocks
@@ -129,7 +133,8 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
         parts.policy.model.load_state_dict(model.state_dict())
         seconds = begin - clock["started"] - clock["off"]
         cpu = begin_cpu - clock["cpu_started"] - clock["cpu_off"]
-        points.append(point(parts.evaluate()[0], step, seconds, cpu))
+        points.append({**point(parts.evaluate()[0], step, seconds, cpu),
+                       "_sampling": clock.get("sampling", 0.0)})
         clock["off"] += time.perf_counter() - begin
         clock["cpu_off"] += time.process_time() - begin_cpu
 
@@ -153,9 +158,26 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
         processing_class=AutoTokenizer.from_pretrained(path),
     )  # fmt: skip
     trainer.add_callback(Evaluate())
+    time_sampling(model, clock)
     torch.set_num_threads(config.run.threads or torch.get_num_threads())
     trainer.train()
+    for p in points:  # TRL's sampling share: its calls to `generate` (evaluations use another model)
+        p["sampling_seconds"] = p.pop("_sampling", 0.0)
     return points
+
+
+def time_sampling(model: Any, clock: dict) -> None:
+    """Count the seconds TRL spends in `model.generate` (its sampler) in clock["sampling"]."""
+    generate, clock["sampling"] = model.generate, 0.0
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            clock["sampling"] += time.perf_counter() - start
+
+    model.generate = timed
 
 
 def trl_rewards(config: Any, reward: Any) -> tuple[list, list[float]]:
@@ -186,7 +208,13 @@ def main(argv: list[str]) -> None:
     library, seed, eval_every, out, *overrides = argv
     points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out))
     threads = torch.get_num_threads()  # as the run set them
-    print(json.dumps({"library": library, "seed": int(seed), "threads": threads, "points": points}))
+    print(json.dumps({"library": library, "seed": int(seed), "threads": threads,
+                      "peak_rss_gib": peak_rss_gib(), **NOTES, "points": points}))  # fmt: skip
+
+
+def peak_rss_gib() -> float:
+    """The process's peak resident memory so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 if __name__ == "__main__":

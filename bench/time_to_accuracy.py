@@ -5,6 +5,8 @@
     python bench/time_to_accuracy.py --seeds 1 --steps 40 --eval-every 10   # a quick look
     python bench/time_to_accuracy.py --trl-steps 500    # each library's own schedule length
     python bench/time_to_accuracy.py --workload smollm2 --seeds 1 --eval-every 8
+    python bench/time_to_accuracy.py --workload smollm2 --libraries trl --trl-steps 20 \
+        --eval-every 10 --grpo-run runs/smollm2_math   # grpo's curve from a `grpo train` run
 
 `--steps` sets both libraries' schedule (`schedule.num_steps`; default: the
 demo's); `--grpo-steps` and `--trl-steps` set one library's, so each can run
@@ -20,7 +22,9 @@ excluded) and the step. The summary, medians over seeds:
   time to it over TRL's whole training run (the figure to quote);
 - each library's accuracy after equal training wall time (a quarter, half and
   all of TRL's training time).
-It prints the table, writes the records as JSON (`--json`) and a PNG of
+Each record also keeps the sampler's seconds (grpo's `time/sampling`; TRL's calls to
+`generate`) and the process's peak RSS (TRL's includes the copy of its weights the
+evaluator scores with). It prints the table, writes the records as JSON (`--json`) and a PNG of
 accuracy against seconds with every run and both libraries' medians (`--png`).
 
 Each record also holds the machine's 1-minute load average just before the run
@@ -43,6 +47,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accuracy_workers import ACCURACY, EXTRA  # noqa: E402
 from common import load_average, timing_flags  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--set", action="append", default=[], help="more demo.yaml overrides")
     parser.add_argument("--libraries", default="grpo,trl")
+    parser.add_argument("--grpo-run", action="append", default=[], metavar="DIR",
+                        help="a `grpo train` run directory of the same workload (one per seed): "
+                        "its evaluations are grpo's record, and no grpo run is started")
     parser.add_argument("--json", help="write every record and the summary here")
     parser.add_argument("--png", help="write the accuracy-against-seconds plot here")
     return parser.parse_args(argv)
@@ -83,6 +91,31 @@ def run(library: str, seed: int, args: argparse.Namespace, overrides: list[str])
         raise RuntimeError(f"{library} seed {seed} failed:\n{done.stderr[-3000:]}")
     record = json.loads(done.stdout.strip().splitlines()[-1])
     return {**record, "load_before": load, "cores": os.cpu_count()}
+
+
+def record_of_run(run_dir: str) -> dict:
+    """A `grpo train` run directory as a worker's record: each evaluation with the training
+    seconds before it (`time/step` summed, as `bench/run_curve.py` reads them), the run's
+    sampling seconds and its peak RSS. It has no load average or CPU time: no timing flags."""
+    import yaml
+    from run_curve import read
+
+    steps, evaluations = read(Path(run_dir))
+    config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    sampling = 0.0
+    sampled = {0: 0.0}  # training step -> sampling seconds so far
+    for row in steps:
+        sampling += row.get("time/sampling", 0.0)
+        sampled[row["step"]] = sampling
+    points = [
+        {"step": e["step"], "seconds": e["seconds"], "accuracy": e[ACCURACY],
+         "sampling_seconds": sampled.get(e["step"], sampling),
+         **{k.split("/", 1)[1]: e[k] for k in EXTRA if k in e}}
+        for e in evaluations
+    ]  # fmt: skip
+    peak = max((row.get("memory/peak_rss_gib", 0.0) for row in steps), default=0.0)
+    return {"library": "grpo", "seed": config.get("seed", 0), "threads": config["run"]["threads"],
+            "peak_rss_gib": peak, "source": str(run_dir), "points": points}  # fmt: skip
 
 
 def run_flags(record: dict) -> list[str]:
@@ -126,6 +159,11 @@ def summarise(records: list[dict]) -> dict:
                 "final_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
                 "seconds": med(p[-1]["seconds"] for p in runs),
                 "seconds_per_step": med(p[-1]["seconds"] / steps for p in runs),
+                # where recorded: the sampler's share of a step, and the process's peak memory
+                "sampling_per_step": med(p[-1].get("sampling_seconds", float("nan")) / steps
+                                         for p in runs),  # fmt: skip
+                "peak_rss_gib": med(r.get("peak_rss_gib", float("nan")) for r in records
+                                    if r["library"] == lib),  # fmt: skip
                 "finals": finals,
                 "flagged": flagged,
             }
@@ -146,9 +184,10 @@ def summarise(records: list[dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    rows = ["| | steps | final accuracy, median (per seed; mean ± sd) | s/step | training s | "
-            "time to TRL's final | accuracy at 1/4, 1/2, 1 x TRL's time | flagged runs |",
-            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| | steps | final accuracy, median (per seed; mean ± sd) | s/step (sampling) | "
+            "training s | time to TRL's final | accuracy at 1/4, 1/2, 1 x TRL's time | "
+            "peak RSS GiB | flagged runs |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for lib in ("grpo", "trl"):
         if lib not in summary:
             continue
@@ -160,7 +199,8 @@ def table(summary: dict) -> str:
         rows.append(
             f"| {lib} | {s['steps']} | {100 * s['final_accuracy']:.1f} % ({finals}; "
             f"{100 * s['final_mean']:.1f} ± {100 * s['final_sd']:.1f}) | {s['seconds_per_step']:.3f} "
-            f"| {s['seconds']:.0f} | {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} "
+            f"({s['sampling_per_step']:.3f}) | {s['seconds']:.0f} "
+            f"| {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} | {s['peak_rss_gib']:.2f} "
             f"| {'; '.join(s.get('flagged', [])) or 'none'} |"
         )
     if "ratio_to_trl_run" in summary:
@@ -222,7 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     libraries = args.libraries.split(",")
     steps = {"grpo": args.grpo_steps, "trl": args.trl_steps}
     own = {lib: [f"schedule.num_steps={steps[lib]}"] if steps[lib] else [] for lib in libraries}
-    records = []
+    records = [record_of_run(run_dir) for run_dir in args.grpo_run]
+    if args.grpo_run:  # grpo's records come from its run directories
+        libraries = [lib for lib in libraries if lib != "grpo"]
     for seed in range(args.seeds):
         for lib in libraries:  # alternating, fresh processes
             record = run(lib, seed, args, overrides + own[lib])

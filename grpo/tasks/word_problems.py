@@ -26,8 +26,8 @@ and read the ``answer`` column (an integer as text):
 - `answer_format`: the completion states "Answer: N" with an integer N (the
   small format reward);
 - `correct_strict`: the stated "Answer: N" is the answer (for evaluation).
-A model cannot raise `correct` by learning the format alone, and `breakdown`
-reports strict and lenient accuracy side by side, by number of operations.
+A model cannot raise `correct` by the format alone; `breakdown` reports strict
+and lenient accuracy side by side, by number of operations.
 
 Importing this module pulls in nothing heavier than the standard library.
 """
@@ -121,6 +121,8 @@ class WordProblemsConfig:
 
     operation_weights: tuple[float, ...] = (0.5, 0.3, 0.2)
     """Relative frequency of problems with 1, 2, 3, ... operations (one weight per count)."""
+    train_operation_weights: tuple[float, ...] | None = None
+    """The training split's mix instead (a curriculum); the held-out splits keep the above."""
     operators: tuple[str, ...] = OPERATORS
     """Operators drawn uniformly for each step, from "+", "-", "*", "/"."""
     max_start: int = 10
@@ -137,12 +139,14 @@ class WordProblemsConfig:
     """Put one worked example (a user turn and its answer) before the problem."""
 
     def __post_init__(self) -> None:
-        weights = tuple(self.operation_weights)
-        if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(
-                f"operation_weights must be non-negative with a positive sum, got {weights!r}"
-            )
-        object.__setattr__(self, "operation_weights", weights)
+        for name in ("operation_weights", "train_operation_weights"):
+            weights = getattr(self, name)
+            if weights is None and name == "train_operation_weights":
+                continue
+            weights = tuple(weights)
+            if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
+                raise ValueError(f"{name} must be non-negative with a positive sum, got {weights!r}")
+            object.__setattr__(self, name, weights)
         ops = tuple(self.operators)
         if not ops or any(op not in OPERATORS for op in ops):
             raise ValueError(f"operators must be a non-empty subset of {OPERATORS}, got {ops!r}")
@@ -224,7 +228,10 @@ def _draw_step(
 
 
 def _draw_problem(rng: random.Random, config: WordProblemsConfig, split: str) -> Problem | None:
-    count = rng.choices(range(1, len(config.operation_weights) + 1), config.operation_weights)[0]
+    weights = config.operation_weights
+    if split == "train" and config.train_operation_weights is not None:  # a curriculum
+        weights = config.train_operation_weights
+    count = rng.choices(range(1, len(weights) + 1), weights)[0]
     value = start = rng.randint(2, config.max_start)
     steps = []
     for _ in range(count):
@@ -329,10 +336,8 @@ def _scores(
     read: Callable[[str], int | None], completions: Sequence[Any], answer: Sequence[Any]
 ) -> list[float]:
     if len(completions) != len(answer):
-        raise ValueError(
-            f"completions and answer must have the same length, got {len(completions)} "
-            f"and {len(answer)}"
-        )
+        raise ValueError(f"completions and answer must have the same length, got "
+                         f"{len(completions)} and {len(answer)}")  # fmt: skip
     return [
         1.0 if read(_text(c, i)) == int(a) else 0.0
         for i, (c, a) in enumerate(zip(completions, answer, strict=True))
@@ -365,10 +370,7 @@ def math_verified(
     return [float(s or 0.0) for s in math_answer_reward(prompts, completions, answer)]
 
 
-ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {
-    "integer": correct,
-    "math_verify": math_verified,
-}
+ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {"integer": correct, "math_verify": math_verified}
 """How the final answer is checked by value: an exact integer parse, or math-verify."""
 
 

@@ -65,6 +65,28 @@ def test_busy_or_starved_runs_are_flagged_in_the_table():
     assert "| seed 1: load 1.5 > 1 |" in text and "| seed 2: CPU 0.75 x wall x 2 threads |" in text
 
 
+def test_a_grpo_train_run_directory_reads_as_a_record(tmp_path):
+    """Training seconds and sampling seconds before each evaluation are the sums of the steps'
+    `time/step` and `time/sampling` up to it; the peak RSS is the largest logged."""
+    rows = [
+        {"step": 0, "eval/greedy/accuracy": 0.25, "eval/heldout_phrasings/greedy/accuracy": 0.2},
+        {"step": 1, "time/step": 10.0, "time/sampling": 4.0, "memory/peak_rss_gib": 3.0},
+        {"step": 2, "time/step": 12.0, "time/sampling": 5.0, "memory/peak_rss_gib": 3.5},
+        {"step": 2, "eval/greedy/accuracy": 0.5, "eval/heldout_phrasings/greedy/accuracy": 0.4},
+        {"step": 3, "time/step": 11.0, "time/sampling": 6.0, "memory/peak_rss_gib": 3.25},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "config.yaml").write_text("seed: 7\nrun:\n  threads: 2\n")
+    record = tta.record_of_run(str(tmp_path))
+    assert record["library"] == "grpo" and record["seed"] == 7 and record["threads"] == 2
+    assert record["peak_rss_gib"] == 3.5
+    assert [(p["step"], p["seconds"], p["sampling_seconds"], p["accuracy"]) for p in record["points"]] \
+        == [(0, 0.0, 0.0, 0.25), (2, 22.0, 9.0, 0.5)]  # fmt: skip
+    assert record["points"][1]["heldout_phrasings/greedy/accuracy"] == 0.4
+    summary = tta.summarise([record])
+    assert summary["grpo"]["sampling_per_step"] == 4.5 and summary["grpo"]["seconds_per_step"] == 11.0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (.[bench])")
 def test_both_libraries_run_with_their_own_schedules(tmp_path):
     """One seed each, grpo 4 steps and TRL 2: records at every evaluation, the JSON and the PNG."""
@@ -81,5 +103,7 @@ def test_both_libraries_run_with_their_own_schedules(tmp_path):
     for record in written["records"]:  # what the flags are computed from
         assert record["load_before"] >= 0 and record["threads"] >= 1 and record["cores"] >= 1
         assert record["points"][-1]["cpu_seconds"] > 0
+        last = record["points"][-1]  # the sampler's share of the training time, and the memory
+        assert 0 < last["sampling_seconds"] < last["seconds"] and record["peak_rss_gib"] > 0.1
     assert isinstance(summary["trl"]["flagged"], list)
     assert (tmp_path / "tta.png").stat().st_size > 10_000

@@ -108,10 +108,24 @@ def test_operation_weights_set_the_mix():
     assert {r["operations"] for r in generate_dataset(50, config=config)} == {2}
 
 
+def test_train_operation_weights_change_only_the_training_mix():
+    """A training curriculum leaves both held-out splits row for row as they were, and the
+    training split draws its counts from the curriculum's weights."""
+    plain = WordProblemsConfig(operation_weights=(0.5, 0.5))
+    curriculum = WordProblemsConfig(operation_weights=(0.5, 0.5), train_operation_weights=(1.0, 0.0))
+    for split in ("heldout_numbers", "heldout_phrasings"):
+        assert generate_dataset(40, split=split, config=curriculum) == generate_dataset(
+            40, split=split, config=plain
+        )
+    assert {r["operations"] for r in generate_dataset(50, config=curriculum)} == {1}
+    assert {r["operations"] for r in generate_dataset(50, config=plain)} == {1, 2}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"operation_weights": (0.0, 0.0)}, "operation_weights"),
+        ({"train_operation_weights": (-1.0, 2.0)}, "train_operation_weights"),
         ({"operators": ("+", "^")}, "operators"),
         ({"max_factor": 1}, "max_factor"),
         ({"held_out_fraction": 1.0}, "held_out_fraction"),

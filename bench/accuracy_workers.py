@@ -37,7 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 ACCURACY = "eval/greedy/accuracy"
 
 
-NOTES: dict[str, float] = {}  # more figures of the run for its record
 EXTRA = (  # more held-out figures recorded where the task reports them (word problems)
     "eval/heldout_numbers/greedy/accuracy",
     "eval/heldout_phrasings/greedy/accuracy",
@@ -122,7 +121,6 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     config = run_config(overrides, seed, str(out / "grpo-eval"))
     seed_everything(config.seed, False, config.run.threads)
     parts = build_task(config)  # the data and the evaluator; its policy only evaluates
-    NOTES["rss_before_training_gib"] = peak_rss_gib()  # the evaluator's share of TRL's peak
     steps = config.schedule.num_steps
     points: list[dict] = []
     # training starts when TRL's first step is about to; evaluations are off both clocks
@@ -209,7 +207,7 @@ def main(argv: list[str]) -> None:
     points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out))
     threads = torch.get_num_threads()  # as the run set them
     print(json.dumps({"library": library, "seed": int(seed), "threads": threads,
-                      "peak_rss_gib": peak_rss_gib(), **NOTES, "points": points}))  # fmt: skip
+                      "peak_rss_gib": peak_rss_gib(), "points": points}))  # fmt: skip
 
 
 def peak_rss_gib() -> float:

@@ -132,7 +132,7 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
         seconds = begin - clock["started"] - clock["off"]
         cpu = begin_cpu - clock["cpu_started"] - clock["cpu_off"]
         points.append({**point(parts.evaluate()[0], step, seconds, cpu),
-                       "_sampling": clock.get("sampling", 0.0)})
+                       "sampling_seconds": clock["sampling"]})  # fmt: skip
         clock["off"] += time.perf_counter() - begin
         clock["cpu_off"] += time.process_time() - begin_cpu
 
@@ -159,13 +159,12 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     time_sampling(model, clock)
     torch.set_num_threads(config.run.threads or torch.get_num_threads())
     trainer.train()
-    for p in points:  # TRL's sampling share: its calls to `generate` (evaluations use another model)
-        p["sampling_seconds"] = p.pop("_sampling", 0.0)
     return points
 
 
 def time_sampling(model: Any, clock: dict) -> None:
-    """Count the seconds TRL spends in `model.generate` (its sampler) in clock["sampling"]."""
+    """Count the seconds TRL spends in `model.generate` (its sampler) in clock["sampling"];
+    the evaluator samples with its own copy of the model, so its time is not counted."""
     generate, clock["sampling"] = model.generate, 0.0
 
     def timed(*args: Any, **kwargs: Any) -> Any:

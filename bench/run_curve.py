@@ -24,16 +24,18 @@ WATCHED = ("reward/mean", "completion/length_mean", "reward/zero_std_frac", "ent
 
 
 def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(training steps with their cumulative training seconds, evaluations with theirs)."""
+    """(training steps with their cumulative training and sampling seconds, evaluations with
+    theirs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    steps, evaluations, seconds = [], [], 0.0
+    steps, evaluations, clock = [], [], {"seconds": 0.0, "sampling_seconds": 0.0}
     for row in rows:
         if "time/step" in row:
-            seconds += row["time/step"]
+            clock["seconds"] += row["time/step"]
+            clock["sampling_seconds"] += row.get("time/sampling", 0.0)
             row["clip/frac"] = row.get("clip/low_frac", 0.0) + row.get("clip/high_frac", 0.0)
-            steps.append({**row, "seconds": seconds})
+            steps.append({**row, **clock})
         if SPLITS["pooled"] in row:
-            evaluations.append({**row, "seconds": seconds})
+            evaluations.append({**row, **clock})
     return steps, evaluations
 
 

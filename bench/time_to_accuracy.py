@@ -95,21 +95,16 @@ def run(library: str, seed: int, args: argparse.Namespace, overrides: list[str])
 
 def record_of_run(run_dir: str) -> dict:
     """A `grpo train` run directory as a worker's record: each evaluation with the training
-    seconds before it (`time/step` summed, as `bench/run_curve.py` reads them), the run's
-    sampling seconds and its peak RSS. It has no load average or CPU time: no timing flags."""
+    and sampling seconds before it (`time/step` and `time/sampling` summed by
+    `bench/run_curve.py`) and the run's peak RSS. It has no load average or CPU time: no timing flags."""
     import yaml
     from run_curve import read
 
     steps, evaluations = read(Path(run_dir))
     config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    sampling = 0.0
-    sampled = {0: 0.0}  # training step -> sampling seconds so far
-    for row in steps:
-        sampling += row.get("time/sampling", 0.0)
-        sampled[row["step"]] = sampling
     points = [
         {"step": e["step"], "seconds": e["seconds"], "accuracy": e[ACCURACY],
-         "sampling_seconds": sampled.get(e["step"], sampling),
+         "sampling_seconds": e["sampling_seconds"],
          **{k.split("/", 1)[1]: e[k] for k in EXTRA if k in e}}
         for e in evaluations
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Overlapped rollouts on the demo workload: accuracy at equal steps, and stage times.
+"""Overlapped rollouts: accuracy at equal steps, and stage times (the demo by default).
 
 Two measurements (docs/async.md reports them):
 
@@ -21,6 +21,9 @@ overlapped step <= 1.15 x the slower stage alone.
 
     nice -n 19 python bench/staleness.py accuracy --seeds 3 --steps 300 --json acc.json
     nice -n 19 python bench/staleness.py timing --rounds 3 --steps 20 --json timing.json
+
+Another workload: `--config FILE` with `--set KEY=VALUE` overrides (repeatable), e.g.
+the real model, `--config configs/smollm2_math.yaml --threads 1 --steps 4 --warmup 1`.
 """
 
 from __future__ import annotations
@@ -40,23 +43,30 @@ sys.path.insert(0, str(REPO))
 ACCURACY = "eval/greedy/accuracy"
 
 
-def _loop(steps: int, seed: int, k: int, threads: int, run_dir: str) -> tuple[Any, Any]:
+DEMO = (str(REPO / "configs" / "demo.yaml"), [])  # the workload: a config file, its --set
+
+
+def _loop(
+    steps: int, seed: int, k: int, threads: int, run_dir: str, workload: tuple[str, list[str]]
+) -> tuple[Any, Any]:
     from grpo.cli.tasks import build_task
     from grpo.run.config_files import load_config
     from grpo.run.train import build_loop, seed_everything
 
     sets = [
-        f"seed={seed}", f"run.dir={run_dir}", f"run.max_staleness={k}", f"run.threads={threads}",
-        f"schedule.num_steps={steps}", "evaluation.modes=[greedy]",
+        *workload[1], f"seed={seed}", f"run.dir={run_dir}", f"run.max_staleness={k}",
+        f"run.threads={threads}", f"schedule.num_steps={steps}", "evaluation.modes=[greedy]",
     ]  # fmt: skip
-    config = load_config(str(REPO / "configs" / "demo.yaml"), sets)
+    config = load_config(workload[0], sets)
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     return build_loop(config, build_task)
 
 
-def accuracy_run(steps: int, seed: int, k: int, threads: int) -> dict[str, Any]:
+def accuracy_run(
+    steps: int, seed: int, k: int, threads: int, workload: tuple[str, list[str]] = DEMO
+) -> dict[str, Any]:
     """One run of `steps` steps; its final held-out accuracy and wall time."""
-    loop, parts = _loop(steps, seed, k, threads, f"/tmp/staleness-bench/{seed}-{k}")
+    loop, parts = _loop(steps, seed, k, threads, f"/tmp/staleness-bench/{seed}-{k}", workload)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     try:
@@ -73,11 +83,13 @@ def accuracy_run(steps: int, seed: int, k: int, threads: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def stage_times(steps: int, threads: int, warmup: int) -> dict[str, float]:
+def stage_times(
+    steps: int, threads: int, warmup: int, workload: tuple[str, list[str]] = DEMO
+) -> dict[str, float]:
     """One round: overlapped steps, then each stage alone; medians in seconds."""
     from grpo.step.collect import sample_rollout, score_old_logprobs
 
-    loop, parts = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing")
+    loop, parts = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
     walls = []
     try:
         for _ in range(steps):
@@ -122,22 +134,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["accuracy", "timing"])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--ks", default="0,1,2", help="max_staleness values (accuracy)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each stage")
     parser.add_argument("--json", default=None, help="append one record per line here")
+    parser.add_argument("--config", default=DEMO[0], help="the workload (default: the demo)")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE, repeatable")
     args = parser.parse_args()
+    workload = (args.config, args.set)
     records = []
     if args.what == "accuracy":
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for k in [int(k) for k in args.ks.split(",")]:
-                records.append(accuracy_run(args.steps, seed, k, args.threads))
+                records.append(accuracy_run(args.steps, seed, k, args.threads, workload))
                 print(json.dumps(records[-1]), flush=True)
     else:
         for _ in range(args.rounds):
-            record = stage_times(args.steps, args.threads, args.warmup)
+            record = stage_times(args.steps, args.threads, args.warmup, workload)
             slower = max(record["sampler_alone"], record["trainer_alone"])
             record["overlapped_over_slower_stage"] = record["overlapped_step"] / slower
             records.append(record)

@@ -78,12 +78,11 @@ def build_loop(
         generation = config.policy.generation
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()
-    if config.run.max_staleness and config.rollout.engine in ("vllm", "vllm_server"):
+    if config.run.max_staleness and config.rollout.engine == "vllm":
         raise ConfigError(
-            f"run.max_staleness={config.run.max_staleness} with rollout.engine "
-            f"{config.rollout.engine}: vLLM engines are not yet copied for a sampling thread "
-            "(the in-process one cannot be; servers are not tested with it); allowed: "
-            "max_staleness 0, or engine transformers or lean"
+            f"run.max_staleness={config.run.max_staleness} with rollout.engine vllm: the "
+            "in-process vLLM engine cannot be copied for a sampling thread; allowed: "
+            "max_staleness 0, or engine vllm_server, transformers or lean"
         )
     parts = build_parts(config)
     try:

@@ -132,16 +132,15 @@ def test_the_demo_overlapped_stamps_versions_and_resume_resamples_the_queue(tmp_
     assert resumed[:2] == rows[:2]  # the log before the checkpoint is kept as it was
 
 
-@pytest.mark.parametrize("engine", ["vllm", "vllm_server"])
-def test_vllm_engines_with_overlap_are_refused_before_anything_loads(engine):
-    """vLLM engines are not copied for a sampling thread: refused naming both settings."""
+def test_in_process_vllm_with_overlap_is_refused_before_anything_loads():
+    """The in-process vLLM engine cannot be copied for a sampling thread: refused naming both
+    settings (servers can: tests/lm/engines/test_vllm_server.py)."""
     from grpo.run.config_files import load_config
     from grpo.run.structured import ConfigError
     from grpo.run.train import build_loop
 
-    sets = ["run.max_staleness=1", f"rollout.engine={engine}"]
-    if engine == "vllm_server":  # never contacted: refused first
-        sets.append('rollout.server.urls=["http://127.0.0.1:9"]')
-    config = load_config(str(REPO / "configs" / "demo.yaml"), sets)
-    with pytest.raises(ConfigError, match=f"run.max_staleness=1 with rollout.engine {engine}:"):
+    config = load_config(
+        str(REPO / "configs" / "demo.yaml"), ["run.max_staleness=1", "rollout.engine=vllm"]
+    )
+    with pytest.raises(ConfigError, match="run.max_staleness=1 with rollout.engine vllm:"):
         build_loop(config, lambda config: pytest.fail("the parts were built"))

@@ -40,6 +40,7 @@ after the other.
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import time
@@ -126,6 +127,7 @@ class VLLMServerEngine:
         """The weight version every server should hold (set once all reloaded it)."""
         self._count = 0
         self._run = uuid.uuid4().hex[:8]  # versions of this engine never match an older run's
+        self._owner = True  # closes the connections and the temporary folder (not a copy)
         self._temporary = (
             None if settings.publish_dir else tempfile.TemporaryDirectory(prefix="grpo-weights-")
         )
@@ -150,6 +152,20 @@ class VLLMServerEngine:
         except BaseException:
             self.close()
             raise
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> VLLMServerEngine:
+        """The engine of a policy copy (the overlapped run's sampler, `grpo.run.overlap`): the
+        same servers, connections and folder, the copied model's weights, its own versions.
+        Whoever samples syncs its own weights first, so the two take turns on the servers."""
+        twin = copy.copy(self)
+        memo[id(self)] = twin
+        twin.model = copy.deepcopy(self.model, memo)
+        twin.metrics, twin.checks, twin._count = {}, 0, 0
+        twin._run = uuid.uuid4().hex[:8]  # its versions never share a label with this engine's
+        twin._temporary = None  # the folder stays this engine's to clean up
+        twin._owner = False  # and the connections this engine's to close
+        twin.probe_previous = None if self.probe_previous is None else self.probe_previous.clone()
+        return twin
 
     # ------------------------------------------------------------ connect
     def _connect(self, client: ServerClient) -> dict[str, Any]:
@@ -341,7 +357,10 @@ class VLLMServerEngine:
     # ------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Close the connections and a temporary publish folder (the servers keep running, and
-        a configured publish_dir keeps its newest versions). Safe to call twice."""
+        a configured publish_dir keeps its newest versions). Safe to call twice; a copy's
+        close leaves both to the engine it was copied from."""
+        if not self._owner:
+            return
         for client in getattr(self, "clients", []):
             client.close()
         if self._temporary is not None:

@@ -164,7 +164,6 @@ class VLLMServerEngine:
         twin._run = uuid.uuid4().hex[:8]  # its versions never share a label with this engine's
         twin._temporary = None  # the folder stays this engine's to clean up
         twin._owner = False  # and the connections this engine's to close
-        twin.probe_previous = None if self.probe_previous is None else self.probe_previous.clone()
         return twin
 
     # ------------------------------------------------------------ connect

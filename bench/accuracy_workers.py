@@ -153,13 +153,27 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     trainer = GRPOTrainer(
         model=model, reward_funcs=functions, args=args,
         train_dataset=Dataset.from_list([dict(r) for r in parts.train_states]),
-        processing_class=AutoTokenizer.from_pretrained(path),
+        processing_class=AutoTokenizer.from_pretrained(path), peft_config=trl_lora(config),
     )  # fmt: skip
     trainer.add_callback(Evaluate())
     time_sampling(model, clock)
     torch.set_num_threads(config.run.threads or torch.get_num_threads())
     trainer.train()
     return points
+
+
+def trl_lora(config: Any) -> Any:
+    """peft's LoraConfig with grpo's `model.lora` settings, or None for full fine-tuning."""
+    lora = config.model.lora
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=lora.target_modules if isinstance(lora.target_modules, str)
+        else list(lora.target_modules), task_type="CAUSAL_LM",
+    )  # fmt: skip
 
 
 def time_sampling(model: Any, clock: dict) -> None:

@@ -14,8 +14,10 @@ many cores). In each of `--rounds` rounds, alternating:
 - the overlapped loop (max_staleness 1) for `--steps` steps, each step's wall
   time (the trainer's wait for samples, its update and the weights' copy);
 - the sampler stage alone: sample a stale batch and score the sampler's
-  log-probs, with a copy of the policy, nothing else running;
-- the trainer stage alone: one update on such a batch (π_old recomputed).
+  log-probs (unless the policy weighs its rollouts itself, as the producer
+  skips it then), with a copy of the policy, nothing else running;
+- the trainer stage alone: one update on such a batch (π_old recomputed when
+  it carries the sampler's log-probs).
 Medians per round, the first `--warmup` steps of each block left out. The goal:
 overlapped step <= 1.15 x the slower stage alone.
 
@@ -87,6 +89,7 @@ def stage_times(
     steps: int, threads: int, warmup: int, workload: tuple[str, list[str]] = DEMO
 ) -> dict[str, float]:
     """One round: overlapped steps, then each stage alone; medians in seconds."""
+    from grpo.protocols import hook
     from grpo.step.collect import sample_rollout, score_old_logprobs
 
     loop, parts = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
@@ -105,8 +108,9 @@ def stage_times(
     for _ in range(steps):
         begin = time.perf_counter()
         rollout = sample_rollout(sampler_policy, trainer.reward_model, next(loop.sampler), G)
-        scored = score_old_logprobs(sampler_policy, rollout)
-        rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
+        if hook(sampler_policy, "weighs_rollouts") is not True:  # as the producer does
+            scored = score_old_logprobs(sampler_policy, rollout)
+            rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
         sampler.append(time.perf_counter() - begin)
         begin = time.perf_counter()
         trainer.train_step(rollout.states[::G], rollout=rollout)

@@ -328,8 +328,7 @@ class CausalLMPolicy:
 
     @property
     def sampler_is_scorer(self) -> bool:
-        """True when sampling and scoring are the same distribution: the trainer's own model
-        samples, and no dropout makes a training-mode pass differ from the eval-mode rollout."""
+        """True when sampling and scoring are the same distribution (own model, no dropout)."""
         same_model = self.rollout_engine.samples_with_scorer
         truncated = self.settings.generation.truncates  # samples from q, scored as p
         return same_model and self.settings.disable_dropout and not truncated
@@ -342,15 +341,16 @@ class CausalLMPolicy:
     def rollout_importance_weights(
         self, actions: Sequence[Completion], old_logprobs: Tensor
     ) -> Tensor | None:
-        """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1).
-
-        Two samplers differ from the scoring distribution: another engine (vLLM: weights
-        capped at `rollout.tis_cap`, truncated importance sampling) and top-k / top-p
-        truncation, which draws from q = p / Z on the kept set while the loss scores the
-        full tempered p: the weight p / q = Z <= 1 makes the update the one for samples
-        of p (capped at 1, which only clips rounding).
-        """
+        """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1): for
+        another engine (vLLM), capped at `rollout.tis_cap`; for top-k / top-p, which draws
+        from q = p / Z on the kept set, p / q = Z <= 1 (capped at 1, clipping rounding)."""
         return importance_weights(actions, old_logprobs, self._weight_cap())
+
+    @property
+    def weighs_rollouts(self) -> bool:
+        """True when `rollout_importance_weights` weighs every rollout (a cap, logged log q)."""
+        records = self.settings.generation.truncates or not self.rollout_engine.samples_with_scorer
+        return self._weight_cap() is not None and records
 
     def _weight_cap(self) -> float | None:
         """Cap of the importance weights: the engine's TIS cap, else 1 for truncated sampling

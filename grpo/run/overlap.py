@@ -17,7 +17,10 @@ producer waits for that version (`time/wait_weights`), the trainer for the batch
 A stale batch (sampled with older weights than it is trained with) carries the
 sampler's own log-probs, scored by the producer's copy without gradient
 (`Rollout.sampler_logprobs`, `time/sampler/logprobs`): the trainer recomputes log
-π_old and the loss is AReaL's decoupled objective (`grpo.step.objective`).
+π_old and the loss is AReaL's decoupled objective (`grpo.step.objective`). A policy
+whose `rollout_importance_weights` already weigh every rollout against the sampler's
+log-probs recorded with its actions (`weighs_rollouts`: an engine with `rollout.tis_cap`,
+or top-p / top-k sampling) skips that scoring pass: its weights are the correction.
 
 Threads: torch's intra-op thread count is process-wide (`torch.set_num_threads`
 in one thread sets it for all), so each stage computes with `run.threads` threads
@@ -207,7 +210,9 @@ class RolloutProducer:
                 **(hook(self.reward_model, "last_metrics") or {}),
             }
             scoring = 0.0
-            if version < step:  # stale: the loss corrects with the sampler's own log-probs
+            if version < step and hook(self._copy, "weighs_rollouts") is not True:
+                # stale: the loss corrects with the sampler's own log-probs (a policy that
+                # weighs its rollouts already holds them, recorded with the actions)
                 begin = time.perf_counter()
                 scored = score_old_logprobs(self._copy, rollout)
                 rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)

@@ -181,3 +181,82 @@ def test_the_lean_bf16_sampler_follows_the_models_weights_each_rollout(tiny_lm_d
         low.pairs[0][1].add_(1.0)
     sampled(policy)
     assert torch.equal(low.pairs[0][0], low.pairs[0][1].to(low.pairs[0][0].dtype))
+
+
+def test_the_lean_bf16_copy_of_a_lora_model_merges_its_current_adapters(tiny_lm_dir):
+    """The copy of a LoRA model is the plain model: each adapted weight is (W + scale B A) in
+    bfloat16, recomputed from the adapters at every rollout; the copy's logits pass the
+    engine's check against the LoRA model's own forward."""
+    from grpo.lm.engines.low_precision import LowPrecisionCopy
+    from grpo.lm.loading import LoraSettings, apply_lora
+
+    model, _ = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    model = apply_lora(model, LoraSettings(r=4, alpha=8)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    low = LowPrecisionCopy(model, torch.bfloat16)
+    low.refresh()
+    assert not any("lora" in name for name, _ in low.model.named_parameters())
+    layer = model.get_base_model().model.layers[0].self_attn.q_proj
+    mine = low.model.model.layers[0].self_attn.q_proj.weight
+    delta = 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight  # alpha / r
+    assert mine.dtype == torch.bfloat16 and delta.abs().max() > 0.1
+    assert torch.equal(mine, (layer.base_layer.weight + delta).to(torch.bfloat16))
+    with torch.no_grad():
+        layer.lora_B["default"].weight.add_(1.0)  # the trainer's next update
+    low.refresh()
+    delta = 2.0 * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+    assert torch.equal(mine, (layer.base_layer.weight + delta).to(torch.bfloat16))
+    assert len(low.merged) == 7 * len(model.get_base_model().model.layers)  # all-linear
+
+
+def test_a_lora_policy_samples_through_the_merged_copy(tiny_lm_dir):
+    """The lean engine under bf16-mixed samples a LoRA policy through the merged copy, which
+    passes the self-check against the LoRA model (logits within bfloat16 rounding)."""
+    from grpo.lm.loading import LoraSettings, apply_lora
+
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    model = apply_lora(model, LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # adapters that change the logits
+    settings = CausalLMSettings(GenerationSettings(max_new_tokens=6, temperature=1.0, seed=3))
+    policy = CausalLMPolicy(
+        model, tokenizer, settings, RolloutSettings("lean", precision="bf16-mixed")
+    )
+    assert len(sampled(policy)) == 8
+    engine = policy.rollout_engine
+    assert engine.low.merged and engine.check_gap is not None and engine.check_gap < 5e-2
+
+
+def test_the_merged_copy_keeps_adapters_on_embedding_and_tied_output_layer_apart(tiny_lm_dir):
+    """Adapters on the embedding and on the output layer of a model that ties the two: the copy
+    unties them, merges each side's own adapter, and its logits match the LoRA model's
+    forward before and after the adapters change (the decoder's self-check)."""
+    from grpo.lm.engines.lean import LeanDecoder
+    from grpo.lm.engines.low_precision import LowPrecisionCopy
+    from grpo.lm.loading import LoraSettings, apply_lora
+
+    model, _ = load_tiny_causal_lm(tiny_lm_dir("qwen2"))  # ties lm_head to embed_tokens
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    targets = ("q_proj", "embed_tokens", "lm_head")
+    model = apply_lora(model, LoraSettings(r=4, alpha=8, target_modules=targets)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.3)  # every adapter non-zero (peft starts one side at 0)
+    low = LowPrecisionCopy(model, torch.bfloat16)
+    assert low.model.lm_head.weight is not low.model.model.embed_tokens.weight
+    assert len(low.merged) == 2 + len(model.get_base_model().model.layers)
+    decoder = LeanDecoder(low.model, state_dtype=torch.float32)
+    for _ in range(2):
+        low.refresh()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # as the engine
+            assert decoder.check(model, list(range(3, 12))) < 5e-2  # raises past it
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.2)  # the next update

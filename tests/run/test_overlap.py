@@ -20,9 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ["task.train_size=96", "task.eval_size=8", "run.tensorboard=false", "evaluation.every=0"]
 
 
-def _loop(max_staleness: int, num_steps: int = 6, **grpo) -> TrainingLoop:
+def _loop(
+    max_staleness: int, num_steps: int = 6, policy_class: type = SequencePolicy, **grpo
+) -> TrainingLoop:
     torch.manual_seed(0)
-    policy = SequencePolicy(num_states=5, vocab_size=4, max_length=4, seed=1)
+    policy = policy_class(num_states=5, vocab_size=4, max_length=4, seed=1)
     config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=2, kl_coeff=0.1, **grpo)
     schedule = ScheduleConfig(num_steps=num_steps, learning_rate=0.05)
     trainer = GRPOTrainer(policy, token_count_reward(1), make_optimizer(schedule), config)
@@ -41,6 +43,29 @@ def test_each_step_is_sampled_k_versions_back_and_never_older(k):
     assert all(row["staleness/dropped_groups"] == 0.0 for row in history)
     stale = [row for s, row in enumerate(history) if s > 0 and versions[s] < s]
     assert stale and all("importance_weight/mean" in row for row in stale)  # decoupled loss
+
+
+class _WeighingPolicy(SequencePolicy):
+    """A policy whose own importance weights correct every rollout (as an engine with a TIS
+    cap does); all 1 here, so the loss's weights show whose they are."""
+
+    weighs_rollouts = True
+
+    def rollout_importance_weights(self, actions, old_logprobs):
+        return torch.ones_like(old_logprobs)
+
+
+def test_a_policy_that_weighs_its_rollouts_is_not_scored_again_by_the_sampler():
+    """Stale batches are scored by the sampler's copy only when the policy's own importance
+    weights do not correct them: the weighing policy's stale steps spend no scoring time and
+    train with its weights (mean exactly 1); the plain policy's are scored and reweighed."""
+    plain, weighing = _loop(1).train(), _loop(1, policy_class=_WeighingPolicy).train()
+    for history in (plain, weighing):
+        assert [row["staleness/max"] for row in history] == [0.0] + [1.0] * 5
+    assert all(row["time/sampler/logprobs"] > 0 for row in plain[1:])
+    assert all(row["time/sampler/logprobs"] == 0.0 for row in weighing[1:])
+    assert any(row["importance_weight/mean"] != 1.0 for row in plain[1:])
+    assert all(row["importance_weight/mean"] == 1.0 for row in weighing[1:])
 
 
 def test_an_overlapped_run_is_reproducible_from_its_seed():

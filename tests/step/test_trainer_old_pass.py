@@ -118,7 +118,9 @@ def test_another_sampler_skips_the_pass_with_the_same_update(tiny_lm_dir):
                               optimizer=lambda params: torch.optim.SGD(params, lr=1.0))  # fmt: skip
         weighed = []
         weigh = policy.rollout_importance_weights
-        policy.rollout_importance_weights = lambda a, old, w=weigh, out=weighed: out.append(w(a, old)) or out[-1]
+        policy.rollout_importance_weights = lambda a, old, w=weigh, out=weighed: (
+            out.append(w(a, old)) or out[-1]
+        )
         trainer.train_step(PROMPTS)
         params = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
         runs[skip] = (params, counts, dict(policy.rollout_metrics), weighed[-1])
@@ -151,30 +153,55 @@ def test_option_must_be_a_bool():
         GRPOConfig(skip_redundant_old_logprobs="yes")
 
 
+def _update_from_rollout(policy, with_sampler_scores: bool, stale: bool = False):
+    """One SGD step of `policy` on its own rollout of PROMPTS, with or without the sampler's
+    log-probs; `stale`: the weights move (seeded noise) between sampling and the update, as
+    an overlapped trainer's do -> (weights after, no-grad passes, metrics)."""
+    from grpo.step.collect import sample_rollout, score_old_logprobs
+
+    rollout = sample_rollout(policy, TokenSumReward(), PROMPTS, 2)
+    if with_sampler_scores:
+        rollout = rollout._replace(
+            sampler_logprobs=score_old_logprobs(policy, rollout).old_logprobs
+        )
+    if stale:
+        generator = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    counts = _count_scoring_passes(policy)
+    config = GRPOConfig(
+        group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0
+    )
+    trainer = GRPOTrainer(policy, TokenSumReward(), lambda ps: torch.optim.SGD(ps, lr=1.0), config)
+    metrics = trainer.train_step(PROMPTS, rollout=rollout)
+    weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    return weights, counts["no_grad"], metrics
+
+
 def test_a_stale_rollout_always_recomputes_pi_old_and_equals_the_fresh_update(tiny_lm_dir):
     """A rollout with sampler log-probs (overlapped sampling) runs the no-grad pass even where it
     would be skipped; sampled by these very weights, its update is the synchronous one."""
-    from grpo.step.collect import sample_rollout, score_old_logprobs
-
-    updates, passes = [], []
-    for stale in (False, True):
-        policy = _policy(tiny_lm_dir)
-        rollout = sample_rollout(policy, TokenSumReward(), PROMPTS, 2)
-        if stale:  # the sampler's own log-probs: here the same weights as the trainer's
-            rollout = rollout._replace(
-                sampler_logprobs=score_old_logprobs(policy, rollout).old_logprobs
-            )
-        counts = _count_scoring_passes(policy)
-        config = GRPOConfig(
-            group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0
-        )
-        trainer = GRPOTrainer(
-            policy, TokenSumReward(), lambda ps: torch.optim.SGD(ps, lr=1.0), config
-        )
-        metrics = trainer.train_step(PROMPTS, rollout=rollout)
-        updates.append({n: p.detach().clone() for n, p in policy.model.named_parameters()})
-        passes.append(counts["no_grad"])
-    assert passes[0] == 0 and passes[1] >= 1
+    fresh, fresh_passes, _ = _update_from_rollout(_policy(tiny_lm_dir), False)
+    stale, stale_passes, metrics = _update_from_rollout(_policy(tiny_lm_dir), True)
+    assert fresh_passes == 0 and stale_passes >= 1
     assert metrics["importance_weight/mean"] == 1.0  # π_old / π_sampler exactly 1
-    for name in updates[0]:
-        torch.testing.assert_close(updates[1][name], updates[0][name], rtol=0, atol=1e-6)
+    for name in fresh:
+        torch.testing.assert_close(stale[name], fresh[name], rtol=0, atol=1e-6)
+
+
+def test_a_policy_weighing_its_rollouts_needs_no_sampler_scores(tiny_lm_dir):
+    """Top-p sampling: the policy's own p / q weights correct the rollout (`weighs_rollouts`),
+    so a stale batch (weights moved after sampling) without the sampler's scores, as
+    overlapped sampling then sends it, updates the weights as one with them, and without
+    the no-grad pass."""
+    policy = _policy_sampling_top_p(tiny_lm_dir)
+    assert policy.weighs_rollouts and not policy.sampler_is_scorer
+    scored, scored_passes, _ = _update_from_rollout(policy, True, stale=True)
+    unscored, unscored_passes, metrics = _update_from_rollout(
+        _policy_sampling_top_p(tiny_lm_dir), False, stale=True
+    )
+    assert scored_passes >= 1 and unscored_passes == 0
+    assert metrics["importance_weight/mean"] < 1.0  # p / q < 1 where top-p cut the tail
+    for name in scored:
+        torch.testing.assert_close(unscored[name], scored[name], rtol=0, atol=1e-5)

@@ -24,10 +24,10 @@ Choices:
   engine; the draws differ from `generate`'s once rows leave the batch.
 - Under a low-precision `rollout.precision` (bf16-mixed) over float32 weights,
   the loop runs on a copy of the model whose matrices are cast to bfloat16
-  once per rollout (`LowPrecisionCopy`): autocast alone would cast every
-  weight again at every token. The residual stream, the norms' weights, the
-  rotary angles and the cache stay float32, and attention over the cache
-  runs in float32 outside autocast: at one query token, bfloat16 attention
+  once per rollout (`LowPrecisionCopy`, LoRA adapters merged into it):
+  autocast alone would cast every weight again at every token. The residual
+  stream, the norms' weights, the rotary angles and the cache stay float32,
+  and attention over the cache runs in float32 outside autocast: at one query token, bfloat16 attention
   kernels ran 3.3x slower than float32 on a CPU (docs/performance.md).
 - Before its first rollout the engine checks itself on the model: the logits of
   a short probe, prefilled and then decoded token by token, must equal the
@@ -39,7 +39,6 @@ Choices:
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -50,12 +49,13 @@ from torch import Tensor, nn
 
 from grpo.functional.sampling import choose_tokens, sampled_logprobs
 from grpo.lm.engines.base import Samples, sample_in_chunks
+from grpo.lm.engines.low_precision import LowPrecisionCopy
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
 from grpo.precision import PRECISIONS, compute_dtype
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine", "LowPrecisionCopy"]
+__all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
 
 LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -232,7 +232,8 @@ class LeanDecoder:
                 keep = torch.tensor([not e for e in ended], device=device)
                 rows = [row for row, e in zip(rows, ended, strict=True) if not e]
                 token, cos, sin, visible = token[keep], cos[keep], sin[keep], visible[keep]
-                cache = [c[keep] for c in cache]
+                for i, c in enumerate(cache):  # one layer at a time: at most one extra copy
+                    cache[i] = c[keep]
             column = P + t
             visible[:, 0, 0, column] = True
             logits = self.step(
@@ -312,6 +313,7 @@ class LeanEngine(TransformersEngine):
         super().__init__(model, tokenizer, precision, scorer_precision, tis_cap)
         self.decoder = LeanDecoder(model)
         self.low: LowPrecisionCopy | None = None  # built at the first low-precision rollout
+        self.low_decoder: LeanDecoder | None = None  # over `low`
         self.check_gap: float | None = None
         """The self-check's relative logit gap, once the first rollout has run it."""
 
@@ -323,8 +325,9 @@ class LeanEngine(TransformersEngine):
             return self.decoder
         if self.low is None:
             self.low = LowPrecisionCopy(self.model, low)
+            self.low_decoder = LeanDecoder(self.low.model, state_dtype=torch.float32)
         self.low.refresh()
-        return self.low.decoder
+        return self.low_decoder
 
     def _samples(
         self,
@@ -365,28 +368,3 @@ class LeanEngine(TransformersEngine):
         logq: list[list[float]] | None = [[] for _ in range(ids.shape[0])] if report else None
         new = decoder.decode(ids, mask, settings, eos_ids, stopped, logprobs_out=logq)
         return Samples(new, logq)
-
-
-class LowPrecisionCopy:
-    """A copy of a float32 model with its matrices (weights of two or more dimensions) in a
-    low dtype, and a `LeanDecoder` over it that keeps its state in float32.
-
-    `refresh()` copies the model's current weights in (one cast per rollout, where autocast
-    casts every weight at every decoding step); vectors (norm weights, biases) and buffers
-    (rotary frequencies) stay float32. The copy holds no gradients.
-    """
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
-        self.model = copy.deepcopy(model).requires_grad_(False)
-        self.pairs: list[tuple[Tensor, Tensor]] = []  # (copy's, model's) parameter
-        for mine, theirs in zip(self.model.parameters(), model.parameters(), strict=True):
-            if mine.dim() >= 2:
-                mine.data = mine.data.to(dtype)
-            self.pairs.append((mine, theirs))
-        self.decoder = LeanDecoder(self.model, state_dtype=torch.float32)
-
-    def refresh(self) -> None:
-        """Copy (and cast) the model's current weights into the copy."""
-        with torch.no_grad():
-            for mine, theirs in self.pairs:
-                mine.copy_(theirs)

@@ -33,6 +33,7 @@ from grpo.lm.loading import is_peft_model
 
 __all__ = [
     "FUSED_PROJECTIONS",
+    "active_lora_adapters",
     "canonical_name",
     "copy_problems",
     "fingerprint",
@@ -325,12 +326,18 @@ def merged_lora_weights(model: Any) -> dict[str, Tensor]:
         if ".lora_" not in name and ".original_module." not in name
     }
     for module_name, module in base.named_modules():
-        if not isinstance(module, LoraLayer) or getattr(module, "merged", False):
+        if not isinstance(module, LoraLayer):
             continue
-        adapters = [
-            a for a in module.active_adapters if a in module.lora_A or a in module.lora_embedding_A
-        ]
+        adapters = active_lora_adapters(module)
         if adapters:
             key = _checkpoint_name(f"{module_name}.weight")
             weights[key] = weights[key] + sum(module.get_delta_weight(a) for a in adapters)
     return weights
+
+
+def active_lora_adapters(layer: Any) -> list[str]:
+    """The adapters of a peft LoRA layer (linear or embedding) whose ΔW its forward adds and
+    its weight does not already hold (none once merged)."""
+    if getattr(layer, "merged", False):
+        return []
+    return [a for a in layer.active_adapters if a in layer.lora_A or a in layer.lora_embedding_A]

@@ -348,9 +348,9 @@ class CausalLMPolicy:
 
     @property
     def weighs_rollouts(self) -> bool:
-        """True when `rollout_importance_weights` weighs every rollout (a cap, logged log q)."""
-        records = self.settings.generation.truncates or not self.rollout_engine.samples_with_scorer
-        return self._weight_cap() is not None and records
+        """True when `rollout_importance_weights` weighs every rollout: a cap exists only where
+        the engine records its log-probs (truncation, or an engine that keeps a TIS cap)."""
+        return self._weight_cap() is not None
 
     def _weight_cap(self) -> float | None:
         """Cap of the importance weights: the engine's TIS cap, else 1 for truncated sampling

@@ -27,8 +27,9 @@ Choices:
   once per rollout (`LowPrecisionCopy`, LoRA adapters merged into it):
   autocast alone would cast every weight again at every token. The residual
   stream, the norms' weights, the rotary angles and the cache stay float32,
-  and attention over the cache runs in float32 outside autocast: at one query token, bfloat16 attention
-  kernels ran 3.3x slower than float32 on a CPU (docs/performance.md).
+  and attention over the cache runs in float32 outside autocast: at one query
+  token, bfloat16 attention kernels ran 3.3x slower than float32 on a CPU
+  (docs/performance.md).
 - Before its first rollout the engine checks itself on the model: the logits of
   a short probe, prefilled and then decoded token by token, must equal the
   model's plain forward to within the dtype's rounding, else it raises. Models

@@ -23,7 +23,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from grpo.lm.engines.weights import active_lora_adapters
+from grpo.lm.engines.weights import merged_lora_weight
 from grpo.lm.loading import is_peft_model
 
 __all__ = ["LowPrecisionCopy"]
@@ -64,10 +64,7 @@ class LowPrecisionCopy:
             for mine, theirs in self.pairs:
                 mine.copy_(theirs)
             for mine, layer in self.merged:
-                weight = layer.base_layer.weight
-                for adapter in active_lora_adapters(layer):
-                    weight = weight + layer.get_delta_weight(adapter)  # (out, in)
-                mine.copy_(weight)
+                mine.copy_(merged_lora_weight(layer))  # (out, in)
 
 
 def _untie_adapted(plain: nn.Module, source: nn.Module) -> None:

@@ -33,11 +33,11 @@ from grpo.lm.loading import is_peft_model
 
 __all__ = [
     "FUSED_PROJECTIONS",
-    "active_lora_adapters",
     "canonical_name",
     "copy_problems",
     "fingerprint",
     "map_parameters",
+    "merged_lora_weight",
     "parameter_fingerprints",
     "parameter_layout",
     "share_parameters",
@@ -326,18 +326,19 @@ def merged_lora_weights(model: Any) -> dict[str, Tensor]:
         if ".lora_" not in name and ".original_module." not in name
     }
     for module_name, module in base.named_modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        adapters = active_lora_adapters(module)
-        if adapters:
-            key = _checkpoint_name(f"{module_name}.weight")
-            weights[key] = weights[key] + sum(module.get_delta_weight(a) for a in adapters)
+        if isinstance(module, LoraLayer):
+            weights[_checkpoint_name(f"{module_name}.weight")] = merged_lora_weight(module)
     return weights
 
 
-def active_lora_adapters(layer: Any) -> list[str]:
-    """The adapters of a peft LoRA layer (linear or embedding) whose ΔW its forward adds and
-    its weight does not already hold (none once merged)."""
+def merged_lora_weight(layer: Any) -> Tensor:
+    """A peft LoRA layer's (linear or embedding) base weight plus the ΔW of every active
+    adapter its forward adds and the weight does not already hold (none once merged); the
+    base weight itself when there is none. Call without gradient."""
+    weight = layer.base_layer.weight.detach()
     if getattr(layer, "merged", False):
-        return []
-    return [a for a in layer.active_adapters if a in layer.lora_A or a in layer.lora_embedding_A]
+        return weight
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A or adapter in layer.lora_embedding_A:
+            weight = weight + layer.get_delta_weight(adapter)
+    return weight

@@ -49,7 +49,7 @@ def _per_completion(fen: str, text: str, num_tokens: int, settings) -> dict[str,
     row = {"reward": chess.score_completion(fen, text, settings), "length": float(num_tokens)}
     if moves is None:
         return {**row, "format_rate": 0.0, "precision": 0.0, "coverage": 0.0}
-    check = check_moves(fen, moves)
+    check = check_moves(fen, moves, settings.piece)
     listed = len(check.legal) + len(check.illegal)
     return {
         **row,
@@ -79,13 +79,14 @@ def main() -> None:
     config.evaluation.reference_kl = False  # the untrained model is its own reference
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     options = dict(config.task.options)
+    prompt = options.get("prompt", "fen")
     settings = chess.ChessRewardConfig(
-        **{k: v for k, v in options.items() if k in ("illegal_penalty", "format_penalty")}
+        **{k: v for k, v in options.items() if k in ("illegal_penalty", "format_penalty")},
+        piece=chess.PROMPT_PIECE.get(prompt),
     )
     parts = build_task(config)
     policy, batch = parts.policy, config.evaluation.batch_size
     plies = {k: options[k] for k in ("min_plies", "max_plies") if k in options}
-    prompt = options.get("prompt", "fen")
     held = chess.generate_dataset(args.positions, split="held_out", prompt=prompt, **plies)
     result: dict = {"config": args.config, "set": args.set, "positions": args.positions}
     if args.groups:

@@ -15,6 +15,7 @@ LMs (the fill-in example does this).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import re
@@ -83,6 +84,9 @@ def _chess(config: RunConfig) -> TaskParts:
         raise ConfigError(
             f"task.options.prompt: got {prompt!r}; allowed: {', '.join(chess.PROMPTS)}"
         )
+    if "piece" in t.options:
+        raise ConfigError("task.options.piece: set by task.options.prompt (grpo.tasks.chess)")
+    settings = dataclasses.replace(settings, piece=chess.PROMPT_PIECE.get(prompt))
     train = chess.generate_dataset(t.train_size, split="train", seed=t.seed, prompt=prompt, **extra)
     held = chess.generate_dataset(t.eval_size, split="held_out", seed=0, prompt=prompt, **extra)
     reward = TextReward({"chess_moves": chess.make_reward(settings)})
@@ -91,9 +95,8 @@ def _chess(config: RunConfig) -> TaskParts:
         for mode in config.evaluation.modes
         for key in ("reward_mean", "precision", "coverage")
     )
-    return text_parts(
-        config, load_policy(config), reward, train, held, None, headline, chess.breakdown
-    )
+    breakdown = functools.partial(chess.breakdown, piece=settings.piece)
+    return text_parts(config, load_policy(config), reward, train, held, None, headline, breakdown)
 
 
 def _word_problems(config: RunConfig) -> TaskParts:

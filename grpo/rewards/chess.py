@@ -17,10 +17,13 @@ from grpo.rewards.parsers import completion_text
 
 __all__ = [
     "MoveCheck",
+    "PIECE_KINDS",
     "board_from_fen",
     "check_moves",
     "legal_move_reward",
     "legal_moves",
+    "own_squares",
+    "piece_types",
     "score_by_position",
 ]
 
@@ -47,9 +50,35 @@ def board_from_fen(fen: str) -> Any:
     return board
 
 
-def legal_moves(fen: str) -> frozenset[str]:
-    """The legal moves of the position, in UCI notation."""
-    return frozenset(move.uci() for move in board_from_fen(fen).legal_moves)
+PIECE_KINDS = ("pawn", "knight", "bishop", "rook", "queen", "king")
+"""The names a `piece` argument takes: python-chess's piece types 1-6 in order."""
+
+
+def piece_types(piece: str | None) -> tuple[int, ...]:
+    """python-chess's piece types for `piece`: all six for None; ValueError naming the choices
+    for an unknown name."""
+    if piece is None:
+        return tuple(range(1, 7))
+    if piece not in PIECE_KINDS:
+        raise ValueError(f"piece must be one of {', '.join(PIECE_KINDS)} or None, got {piece!r}")
+    return (PIECE_KINDS.index(piece) + 1,)
+
+
+def legal_moves(fen: str, piece: str | None = None) -> frozenset[str]:
+    """The legal moves of the position in UCI notation; with `piece` ("pawn", ...), only the
+    moves of that kind of piece."""
+    board, kinds = board_from_fen(fen), piece_types(piece)
+    return frozenset(
+        move.uci() for move in board.legal_moves if board.piece_type_at(move.from_square) in kinds
+    )
+
+
+def own_squares(fen: str, piece: str | None = None) -> frozenset[str]:
+    """The squares ("e2", ...) holding the side to move's pieces; with `piece`, of that kind."""
+    board, kinds = board_from_fen(fen), piece_types(piece)
+    return frozenset(
+        _chess().square_name(square) for kind in kinds for square in board.pieces(kind, board.turn)
+    )
 
 
 class MoveCheck(NamedTuple):
@@ -61,9 +90,10 @@ class MoveCheck(NamedTuple):
     num_legal: int  # how many legal moves the position has
 
 
-def check_moves(fen: str, moves: Iterable[str]) -> MoveCheck:
-    """Split `moves` (UCI strings) into distinct legal, illegal and repeated proposals."""
-    allowed = legal_moves(fen)
+def check_moves(fen: str, moves: Iterable[str], piece: str | None = None) -> MoveCheck:
+    """Split `moves` (UCI strings) into distinct legal, illegal and repeated proposals; with
+    `piece`, a legal move of another kind of piece counts as illegal (not what was asked)."""
+    allowed = legal_moves(fen, piece)
     legal: list[str] = []
     illegal: list[str] = []
     repeated = 0

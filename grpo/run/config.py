@@ -107,9 +107,10 @@ class TaskConfig:
     seed: int = 0
     """Seed of the built-in task's dataset draws (the held-out split never depends on it)."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Task settings: ArithmeticConfig fields (arithmetic), ChessRewardConfig fields plus
-    min_plies/max_plies and prompt, one of fen, instruction, example (chess),
-    GuessNumberConfig fields plus max_turns (guess_number), WordProblemsConfig fields plus answer_check and format_weight (word_problems), or anything
+    """Task settings: ArithmeticConfig fields (arithmetic); ChessRewardConfig fields (piece
+    aside: the prompt sets it) plus min_plies/max_plies and prompt, a name in
+    grpo.tasks.chess.PROMPTS (chess); GuessNumberConfig fields plus max_turns (guess_number);
+    WordProblemsConfig fields plus answer_check and format_weight (word_problems); or anything
     a custom task factory reads."""
     train_file: str | None = None
     """prompts task: JSONL file of training rows {"prompt": ..., other columns}."""

@@ -7,6 +7,8 @@ model. The reward (all values exact, see `ChessRewardConfig`):
     reward = distinct legal moves listed / legal moves of the position
              - illegal_penalty * illegal / (distinct legal + illegal)
 
+plus, when ``square_weight`` is set, ``square_weight`` times the share of distinct
+listed moves that start on a square of a piece asked for (`own_square_share`),
 and ``-format_penalty`` when the completion is not one ``M:`` line with at least
 one move. Repeating a legal move neither earns nor costs anything. Illegal
 moves include malformed ones ("zz", "e2e9").
@@ -18,7 +20,11 @@ to write (``"instruction"``), optionally followed by one worked example: the
 initial position and its 20 moves (``"example"``), or a rook endgame and its 16
 moves (``"endgame_example"``), a list that is rarely legal anywhere else, so that
 copying the example does not pay (``docs/chess.md``: with the initial position
-GRPO learns to copy its list into every position).
+GRPO learns to copy its list into every position). ``"pieces_example"`` also tells
+each position piece by piece (`piece_list`) so that from-squares can be copied
+from the prompt, and ``"pawns_example"`` asks for the shorter list of the pawns'
+moves alone (`PROMPT_PIECE`): every reward and metric then counts only pawn moves
+as legal.
 
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end
@@ -40,7 +46,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.rewards.chess import board_from_fen, check_moves, score_by_position
+from grpo.rewards.chess import (
+    PIECE_KINDS,
+    board_from_fen,
+    check_moves,
+    legal_moves,
+    own_squares,
+    piece_types,
+    score_by_position,
+)
 from grpo.tasks import draw_distinct, hash_split
 
 __all__ = [
@@ -48,14 +62,22 @@ __all__ = [
     "ENDGAME_ANSWER",
     "ENDGAME_FEN",
     "INSTRUCTION",
+    "PAWNS_ANSWER",
+    "PAWNS_FEN",
+    "PAWN_INSTRUCTION",
+    "PIECES_ANSWER",
+    "PIECES_FEN",
     "PROMPTS",
+    "PROMPT_PIECE",
     "PROMPT_TEMPLATE",
     "START_FEN",
     "breakdown",
     "evaluate",
     "generate_dataset",
     "make_reward",
+    "own_square_share",
     "parse_move_list",
+    "piece_list",
     "position_split",
     "reward",
     "score_completion",
@@ -80,24 +102,72 @@ EXAMPLE_ANSWER = (
 ENDGAME_ANSWER = (
     "M: a1a2 a1a3 a1a4 a1a5 a1a6 a1a7 a1a8 a1b1 a1c1 a1d1 e1c1 e1d1 e1d2 e1e2 e1f1 e1f2"
 )  # every legal move of ENDGAME_FEN, castling queenside included (a test checks it)
+PAWN_INSTRUCTION = INSTRUCTION.replace(
+    "every legal move of the side to move", "every legal move of the pawns of the side to move"
+)
+PAWNS_FEN = "4k3/8/7P/3pp3/4PP2/2P5/P7/6K1 w - - 0 1"
+PAWNS_ANSWER = "M: a2a3 a2a4 c3c4 e4d5 f4e5 f4f5 h6h7"
+# every legal pawn move of PAWNS_FEN (a double step, a blocked pawn, two captures), pawn by
+# pawn in `piece_list` order (a test checks it)
+PIECES_FEN = "4k3/1p6/8/8/8/P1N2P2/6K1/8 w - - 0 1"
+PIECES_ANSWER = (
+    "M: g2f1 g2f2 g2g1 g2g3 g2h1 g2h2 g2h3 c3a2 c3a4 c3b1 c3b5 c3d1 c3d5 c3e2 c3e4 a3a4 f3f4"
+)  # every legal move of PIECES_FEN, piece by piece in `piece_list` order (a test checks it)
 
 
 def _fen_prompt(fen: str) -> str:
     return PROMPT_TEMPLATE.format(fen=fen)
 
 
-def _instruction_prompt(fen: str) -> list[dict[str, str]]:
+def piece_list(fen: str) -> str:
+    """The position as words a small model can copy squares from: the side to move, then its
+    pieces by kind, then the other side's, squares in board order (a1, b1, ..., h8):
+
+        White to move.
+        White: king e1, queen d1, rooks a1 h1, ..., pawns a2 b2 c2 d2 f2 g2 h2 e4
+        Black: king e8, ...
+    """
+    import chess
+
+    board = board_from_fen(fen)
+    sides = [(chess.WHITE, "White"), (chess.BLACK, "Black")]
+    if board.turn == chess.BLACK:
+        sides.reverse()
+    lines = [f"{sides[0][1]} to move."]
+    for color, name in sides:
+        kinds = []
+        for kind in reversed(piece_types(None)):  # king, queen, rook, bishop, knight, pawn
+            squares = [chess.square_name(s) for s in sorted(board.pieces(kind, color))]
+            if squares:
+                word = PIECE_KINDS[kind - 1] + ("s" if len(squares) > 1 else "")
+                kinds.append(f"{word} {' '.join(squares)}")
+        lines.append(f"{name}: {', '.join(kinds)}")
+    return "\n".join(lines)
+
+
+def _pieces_prompt(fen: str) -> str:
+    return f"{_fen_prompt(fen)}{piece_list(fen)}"
+
+
+def _instruction_prompt(
+    fen: str, render: Callable[[str], str] = _fen_prompt, instruction: str = INSTRUCTION
+) -> list[dict[str, str]]:
     return [
-        {"role": "system", "content": INSTRUCTION},
-        {"role": "user", "content": _fen_prompt(fen).strip()},
+        {"role": "system", "content": instruction},
+        {"role": "user", "content": render(fen).strip()},
     ]
 
 
-def _worked_example(example_fen: str, answer: str) -> Callable[[str], list[dict[str, str]]]:
+def _worked_example(
+    example_fen: str,
+    answer: str,
+    render: Callable[[str], str] = _fen_prompt,
+    instruction: str = INSTRUCTION,
+) -> Callable[[str], list[dict[str, str]]]:
     def prompt(fen: str) -> list[dict[str, str]]:
-        system, user = _instruction_prompt(fen)
+        system, user = _instruction_prompt(fen, render, instruction)
         example = [
-            {"role": "user", "content": _fen_prompt(example_fen).strip()},
+            {"role": "user", "content": render(example_fen).strip()},
             {"role": "assistant", "content": answer},
         ]
         return [system, *example, user]
@@ -110,10 +180,18 @@ PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
     "instruction": _instruction_prompt,
     "example": _worked_example(START_FEN, EXAMPLE_ANSWER),
     "endgame_example": _worked_example(ENDGAME_FEN, ENDGAME_ANSWER),
+    "pieces_example": _worked_example(PIECES_FEN, PIECES_ANSWER, _pieces_prompt),
+    "pawns_example": _worked_example(PAWNS_FEN, PAWNS_ANSWER, _pieces_prompt, PAWN_INSTRUCTION),
 }
 """The prompt of a position: the bare FEN line; an instruction and the FEN as chat
 messages; the same with one worked example (the initial position, or a rook endgame)
-before the FEN."""
+before the FEN; or every position also told piece by piece (`piece_list`), with a worked
+example whose moves follow its pieces in that order, so that each move's from-square can be
+copied from the prompt (a king, a knight and two pawns: a list rarely legal elsewhere); or
+the same asking for the pawns' moves alone, with a pawn example."""
+PROMPT_PIECE: dict[str, str] = {"pawns_example": "pawn"}
+"""The prompts that ask for one kind of piece's moves, and that kind (`ChessRewardConfig.piece`);
+the others ask for every legal move."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +202,17 @@ class ChessRewardConfig:
     """Subtracted in proportion to the share of listed moves that are illegal (>= 0)."""
     format_penalty: float = 1.0
     """Reward is -format_penalty when the completion is not one 'M: move move ...' line (>= 0)."""
+    piece: str | None = None
+    """Only this kind of piece's moves are asked for ("pawn", ...; `PIECE_KINDS`): the legal
+    moves of other pieces count as illegal. None: every legal move."""
+    square_weight: float = 0.0
+    """Added times the share of distinct listed moves that start on a square holding a piece
+    asked for (the side to move's, of kind `piece` when set), legal or not: a reward for
+    reading the position from the prompt (>= 0; 0: off)."""
 
     def __post_init__(self) -> None:
-        for name in ("illegal_penalty", "format_penalty"):
+        piece_types(self.piece)  # ValueError naming the choices
+        for name in ("illegal_penalty", "format_penalty", "square_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -144,10 +230,21 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     moves = parse_move_list(text)
     if moves is None:
         return -config.format_penalty
-    check = check_moves(fen, moves)
+    check = check_moves(fen, moves, config.piece)
     listed = len(check.legal) + len(check.illegal)
     coverage = len(check.legal) / check.num_legal if check.num_legal else 0.0
-    return coverage - config.illegal_penalty * len(check.illegal) / listed
+    value = coverage - config.illegal_penalty * len(check.illegal) / listed
+    if config.square_weight:
+        value += config.square_weight * own_square_share(fen, moves, config.piece)
+    return value
+
+
+def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -> float:
+    """The share of the distinct `moves` that start on a square of a piece asked for: the side
+    to move's (of kind `piece` when set), legal or not."""
+    squares = own_squares(fen, piece)
+    distinct = set(moves)
+    return sum(move[:2] in squares for move in distinct) / len(distinct)
 
 
 def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[float]]:
@@ -197,7 +294,9 @@ def generate_dataset(
     prompt: str = "fen",
 ) -> list[dict[str, Any]]:
     """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}``, the same for the same
-    seed; `prompt` names the prompt's form in `PROMPTS`."""
+    seed; `prompt` names the prompt's form in `PROMPTS`. For a prompt asking for one kind of
+    piece's moves (`PROMPT_PIECE`), `legal_moves` holds that kind's and positions where it
+    has none are skipped."""
     if prompt not in PROMPTS:
         raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}")
     if split not in SPLITS:
@@ -206,11 +305,13 @@ def generate_dataset(
         raise ValueError(f"num_positions must be a non-negative integer, got {num_positions!r}")
     if not 0 <= min_plies <= max_plies:
         raise ValueError(f"need 0 <= min_plies <= max_plies, got {min_plies} and {max_plies}")
+    piece = PROMPT_PIECE.get(prompt)
     rng = random.Random(f"chess/{split}/{seed}")  # str seeds hash stably across runs
     fens = draw_distinct(
         num_positions,
         lambda: _random_position(rng, rng.randint(min_plies, max_plies)),
-        lambda fen: position_split(fen, held_out_fraction) == split,
+        lambda fen: position_split(fen, held_out_fraction) == split
+        and (piece is None or bool(legal_moves(fen, piece))),
         shortfall=lambda found: (
             f"num_positions={num_positions} distinct {split!r} positions could not be drawn "
             f"(found {found}); widen [min_plies, max_plies]"
@@ -218,37 +319,49 @@ def generate_dataset(
     )
     rows = []
     for fen in fens:
-        moves = sorted(move.uci() for move in board_from_fen(fen).legal_moves)
+        moves = sorted(legal_moves(fen, piece))
         rows.append(
             {"prompt": PROMPTS[prompt](fen), "fen": fen, "legal_moves": " ".join(moves)}
         )
     return rows
 
 
-def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> dict[str, float]:
+def breakdown(
+    rows: Sequence[Mapping[str, Any]], completions: Sequence[str], piece: str | None = None
+) -> dict[str, float]:
     """Evaluation metrics of one completion per row (its ``fen`` column), means over completions:
     format_rate (one ``M:`` line), precision (the share of listed moves that are legal) and
     coverage (the share of the legal moves found), an unformatted completion counting 0 in
     both, precision_formatted (precision over the formatted completions alone) and
     distinct_rate (distinct sets of listed moves per formatted completion: 1 when every
     position gets its own list, 1 / n when one list is written everywhere); nan if none is
-    formatted."""
-    formatted = precision = coverage = 0.0
+    formatted. precision_elsewhere is precision with each list checked against the next row's
+    position (the last against the first): a list written without reading the position is as
+    legal there as on its own, so precision - precision_elsewhere is what reading it earns
+    (nan for one row). own_square_rate is `own_square_share`: distinct listed moves starting on
+    a square of a piece asked for. With `piece`, only that kind of piece's moves are legal
+    and its squares count (as in the reward)."""
+    formatted = precision = coverage = elsewhere = own = 0.0
     lists: set[frozenset[str]] = set()
-    for row, completion in zip(rows, completions, strict=True):
+    n = len(rows)
+    for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
         moves = parse_move_list(completion)
         if moves is None:
             continue
         formatted += 1
         lists.add(frozenset(moves))
-        check = check_moves(row["fen"], moves)
+        check = check_moves(row["fen"], moves, piece)
         precision += len(check.legal) / (len(check.legal) + len(check.illegal))
-        coverage += len(check.legal) / check.num_legal
-    n = len(rows)
+        coverage += len(check.legal) / check.num_legal if check.num_legal else 0.0
+        own += own_square_share(row["fen"], moves, piece)
+        other = check_moves(rows[(i + 1) % n]["fen"], moves, piece)
+        elsewhere += len(other.legal) / (len(other.legal) + len(other.illegal))
     return {
         "format_rate": formatted / n,
         "precision": precision / n,
+        "precision_elsewhere": elsewhere / n if n > 1 else float("nan"),
         "coverage": coverage / n,
+        "own_square_rate": own / n,
         "precision_formatted": precision / formatted if formatted else float("nan"),
         "distinct_rate": len(lists) / formatted if formatted else float("nan"),
     }
@@ -269,6 +382,6 @@ def evaluate(
     rewards = make_reward(config)(prompts, completions, [row["fen"] for row in rows])
     return {
         "reward": sum(rewards) / len(rows),
-        **breakdown(rows, completions),
+        **breakdown(rows, completions, (config or ChessRewardConfig()).piece),
         "num_positions": float(len(rows)),
     }

@@ -57,7 +57,9 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
     "overrides, message",
     [
         (["task.options.prompt=chat"], "task.options.prompt: got 'chat'; allowed: fen, "
-                                       "instruction, example, endgame_example"),
+                                       "instruction, example, endgame_example, pieces_example, "
+                                       "pawns_example"),
+        (["task.options.piece=knight"], "task.options.piece: set by task.options.prompt"),
         (["task.name=word_problems", "task.options={}"],
          "evaluation.reference_kl: not supported by task 'word_problems'"),
     ],

@@ -4,7 +4,13 @@ import pytest
 
 pytest.importorskip("chess")
 
-from grpo.rewards.chess import MoveCheck, check_moves, legal_move_reward, legal_moves  # noqa: E402
+from grpo.rewards.chess import (  # noqa: E402
+    MoveCheck,
+    check_moves,
+    legal_move_reward,
+    legal_moves,
+    own_squares,
+)
 
 START = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
 # White king a1, white pawn a7 (promotes), black king h8: hand-countable moves.
@@ -27,6 +33,27 @@ def test_check_moves_splits_legal_illegal_repeated():
     """Distinct legal moves in order, illegal and malformed ones apart, repeats counted."""
     result = check_moves(START, ["e2e4", "e2e4", "e7e5", "zz", "d2d4"])
     assert result == MoveCheck(("e2e4", "d2d4"), ("e7e5", "zz"), 1, 20)
+
+
+def test_moves_of_one_kind_of_piece():
+    """`piece` keeps that kind's moves: the initial position's 16 pawn and 4 knight moves; with
+    `piece`, check_moves counts another kind's legal move as illegal."""
+    pawns = legal_moves(START, "pawn")
+    assert len(pawns) == 16 and {"a2a3", "a2a4", "h2h4"} <= pawns
+    assert legal_moves(START, "knight") == {"b1a3", "b1c3", "g1f3", "g1h3"}
+    assert legal_moves(PROMOTION, "pawn") == {"a7a8q", "a7a8r", "a7a8b", "a7a8n"}
+    assert check_moves(START, ["e2e4", "g1f3", "e2e5"], "pawn") == MoveCheck(
+        ("e2e4",), ("g1f3", "e2e5"), 0, 16
+    )
+    with pytest.raises(ValueError, match="piece must be one of pawn, knight"):
+        legal_moves(START, "pawns")
+
+
+def test_own_squares_of_the_side_to_move():
+    """The side to move's squares, all kinds or one."""
+    assert own_squares(PROMOTION) == {"a1", "a7"} and own_squares(PROMOTION, "pawn") == {"a7"}
+    assert own_squares(START, "pawn") == {f"{file}2" for file in "abcdefgh"}
+    assert len(own_squares(START)) == 16 and "e8" not in own_squares(START)
 
 
 def test_legal_move_reward_exact():

@@ -11,6 +11,12 @@ from grpo.tasks.chess import (  # noqa: E402
     ENDGAME_ANSWER,
     ENDGAME_FEN,
     INSTRUCTION,
+    PAWN_INSTRUCTION,
+    PAWNS_ANSWER,
+    PAWNS_FEN,
+    PIECES_ANSWER,
+    PIECES_FEN,
+    PROMPT_PIECE,
     PROMPTS,
     START_FEN,
     ChessRewardConfig,
@@ -19,10 +25,12 @@ from grpo.tasks.chess import (  # noqa: E402
     generate_dataset,
     make_reward,
     parse_move_list,
+    piece_list,
     reward,
     score_completion,
 )
 
+AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
 PROMOTION = "7k/P7/8/8/8/8/8/K7 w - - 0 1"  # 7 legal moves: a1a2 a1b1 a1b2 a7a8{q,r,b,n}
 ALL_START = "M: " + " ".join(sorted(legal_moves(START_FEN)))
 
@@ -82,11 +90,17 @@ def test_evaluate_oracle_and_garbage():
     rows = generate_dataset(5, seed=0, max_plies=10)
     by_prompt = {r["prompt"]: "M: " + r["legal_moves"] for r in rows}
     perfect = evaluate(lambda ps: [by_prompt[p] for p in ps], rows)
+    # each position's full list checked on the next position: the share legal there too
+    moves = [legal_moves(r["fen"]) for r in rows]
+    elsewhere = sum(len(m & moves[(i + 1) % 5]) / len(m) for i, m in enumerate(moves)) / 5
+    assert 0 < elsewhere < 1
     assert perfect == {
         "reward": 1.0,
         "format_rate": 1.0,
         "precision": 1.0,
+        "precision_elsewhere": pytest.approx(elsewhere, rel=1e-12),
         "coverage": 1.0,
+        "own_square_rate": 1.0,
         "precision_formatted": 1.0,
         "distinct_rate": 1.0,
         "num_positions": 5.0,
@@ -104,16 +118,84 @@ def test_breakdown_on_hand_made_answers():
                    "M: a1b2 a1b1 a7a8q a1a2 a1a2"]  # fmt: skip
     # start: 2 distinct legal of 20, 1 illegal listed (the repeat is neither): precision 2/3
     # promotion: 4 legal of 7, nothing illegal: precision 1 (twice, the same set of moves)
+    # elsewhere: each list on the other position is all illegal
     assert breakdown(rows, completions) == pytest.approx(
         {
             "format_rate": 3 / 4,
             "precision": (2 / 3 + 1 + 1) / 4,
+            "precision_elsewhere": 0.0,
+            # distinct moves from a square of the side to move: e2 and d2 but not "zz"; all
+            "own_square_rate": (2 / 3 + 1 + 1) / 4,
             "coverage": (2 / 20 + 4 / 7 + 4 / 7) / 4,
             "precision_formatted": (2 / 3 + 1 + 1) / 3,
             "distinct_rate": 2 / 3,
         },
         rel=1e-12,
     )
+    # one list written everywhere is as legal on the next position as on its own
+    same = breakdown([{"fen": START_FEN}, {"fen": AFTER_E4}], ["M: g8f6 b1c3 e2e4"] * 2)
+    assert same["precision_elsewhere"] == pytest.approx(same["precision"], rel=1e-12)
+    assert same["precision"] == pytest.approx((2 / 3 + 1 / 3) / 2, rel=1e-12)
+
+
+def test_piece_list_names_the_side_to_move_first():
+    """Pieces by kind and square in board order, the side to move's first; the
+    'pieces_example' prompt renders the example and the position the same way."""
+    assert piece_list(AFTER_E4) == (
+        "Black to move.\n"
+        "Black: king e8, queen d8, rooks a8 h8, bishops c8 f8, knights b8 g8, "
+        "pawns a7 b7 c7 d7 e7 f7 g7 h7\n"
+        "White: king e1, queen d1, rooks a1 h1, bishops c1 f1, knights b1 g1, "
+        "pawns a2 b2 c2 d2 f2 g2 h2 e4"
+    )
+    assert piece_list(ENDGAME_FEN) == "White to move.\nWhite: king e1, rook a1\nBlack: king e5"
+    system, example, answer, user = PROMPTS["pieces_example"](AFTER_E4)
+    assert system["content"] == INSTRUCTION and answer["content"] == PIECES_ANSWER
+    assert example["content"] == f"FEN: {PIECES_FEN}\n{piece_list(PIECES_FEN)}"
+    assert piece_list(PIECES_FEN).splitlines()[1] == "White: king g2, knight c3, pawns a3 f3"
+    listed = PIECES_ANSWER.removeprefix("M: ").split()
+    assert sorted(listed) == sorted(legal_moves(PIECES_FEN))  # every legal move, once
+    from_squares = [move[:2] for move in listed]  # grouped by piece, in the listing's order
+    assert list(dict.fromkeys(from_squares)) == ["g2", "c3", "a3", "f3"]
+    assert user["content"] == f"FEN: {AFTER_E4}\n{piece_list(AFTER_E4)}"
+
+
+def test_pawns_prompt_asks_for_and_scores_pawn_moves_alone():
+    """'pawns_example' asks for the pawns' moves with a pawn example (every legal pawn move of
+    its position, pawn by pawn); its rows hold pawn moves alone, never none; with piece='pawn'
+    the reward and the breakdown count a legal knight move as illegal."""
+    system, example, answer, user = PROMPTS["pawns_example"](AFTER_E4)
+    assert system["content"] == PAWN_INSTRUCTION != INSTRUCTION and "pawns" in PAWN_INSTRUCTION
+    assert example["content"] == f"FEN: {PAWNS_FEN}\n{piece_list(PAWNS_FEN)}"
+    assert answer["content"] == PAWNS_ANSWER and user["content"].endswith(piece_list(AFTER_E4))
+    listed = PAWNS_ANSWER.removeprefix("M: ").split()
+    assert sorted(listed) == sorted(legal_moves(PAWNS_FEN, "pawn"))
+    assert piece_list(PAWNS_FEN).splitlines()[1] == "White: king g1, pawns a2 c3 e4 f4 h6"
+    assert list(dict.fromkeys(m[:2] for m in listed)) == ["a2", "c3", "e4", "f4", "h6"]
+    assert PROMPT_PIECE == {"pawns_example": "pawn"}
+    rows = generate_dataset(30, seed=2, prompt="pawns_example")
+    for row in rows:
+        assert row["legal_moves"].split() == sorted(legal_moves(row["fen"], "pawn")) != []
+    pawns = ChessRewardConfig(piece="pawn")
+    # start: 1 of 16 pawn moves found, the knight move and a made-up one illegal
+    assert score_completion(START_FEN, "M: e2e4 g1f3 e2e5", pawns) == pytest.approx(
+        1 / 16 - 0.5 * 2 / 3, rel=1e-12
+    )
+    assert score_completion(START_FEN, "M: e2e4 g1f3 e2e5") == pytest.approx(
+        2 / 20 - 0.5 * 1 / 3, rel=1e-12
+    )
+    both = breakdown([{"fen": START_FEN}, {"fen": AFTER_E4}], ["M: e2e4 g1f3", "M: e7e5"], "pawn")
+    assert both["precision"] == pytest.approx((1 / 2 + 1) / 2, rel=1e-12)
+    assert both["coverage"] == pytest.approx((1 / 16 + 1 / 16) / 2, rel=1e-12)
+    assert both["precision_elsewhere"] == 0.0  # e2e4 is not Black's; e7e5 is not White's
+    assert both["own_square_rate"] == pytest.approx((1 / 2 + 1) / 2, rel=1e-12)  # g1: a knight
+    # square_weight adds its share of distinct moves from a pawn's square (e2 twice, not g1)
+    squares = ChessRewardConfig(piece="pawn", square_weight=0.25)
+    assert score_completion(START_FEN, "M: e2e4 g1f3 e2e5 e2e5", squares) == pytest.approx(
+        1 / 16 - 0.5 * 3 / 4 + 0.25 * 2 / 3, rel=1e-12
+    )
+    with pytest.raises(ValueError, match="piece must be one of pawn"):
+        ChessRewardConfig(piece="pawns")
 
 
 def test_prompts_instruction_and_worked_example():
@@ -135,5 +217,5 @@ def test_prompts_instruction_and_worked_example():
     assert answer["content"] == "M: " + " ".join(sorted(legal_moves(ENDGAME_FEN)))
     assert "e1c1" in ENDGAME_ANSWER  # castling is a legal move to list
     with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example, "
-                                         "endgame_example"):  # fmt: skip
+                                         "endgame_example, pieces_example, pawns_example"):  # fmt: skip
         generate_dataset(1, prompt="chat")

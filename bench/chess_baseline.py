@@ -81,7 +81,7 @@ def main() -> None:
     options = dict(config.task.options)
     prompt = options.get("prompt", "fen")
     settings = chess.ChessRewardConfig(
-        **{k: v for k, v in options.items() if k in ("illegal_penalty", "format_penalty")},
+        **{k: v for k, v in options.items() if k in ("illegal_penalty", "format_penalty", "square_weight")},
         piece=chess.PROMPT_PIECE.get(prompt),
     )
     parts = build_task(config)

@@ -78,14 +78,14 @@ def _chess(config: RunConfig) -> TaskParts:
 
     t = config.task
     extra_names = ("min_plies", "max_plies", "prompt")
+    if "piece" in t.options:
+        raise ConfigError("task.options.piece: set by task.options.prompt (grpo.tasks.chess)")
     settings, extra = _options(chess.ChessRewardConfig, t.options, extra_names)
     prompt = extra.pop("prompt", "fen")
     if prompt not in chess.PROMPTS:
         raise ConfigError(
             f"task.options.prompt: got {prompt!r}; allowed: {', '.join(chess.PROMPTS)}"
         )
-    if "piece" in t.options:
-        raise ConfigError("task.options.piece: set by task.options.prompt (grpo.tasks.chess)")
     settings = dataclasses.replace(settings, piece=chess.PROMPT_PIECE.get(prompt))
     train = chess.generate_dataset(t.train_size, split="train", seed=t.seed, prompt=prompt, **extra)
     held = chess.generate_dataset(t.eval_size, split="held_out", seed=0, prompt=prompt, **extra)

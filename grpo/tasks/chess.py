@@ -64,7 +64,7 @@ __all__ = [
     "INSTRUCTION",
     "PAWNS_ANSWER",
     "PAWNS_FEN",
-    "PAWN_INSTRUCTION",
+    "PAWNS_INSTRUCTION",
     "PIECES_ANSWER",
     "PIECES_FEN",
     "PROMPTS",
@@ -88,6 +88,7 @@ ENDGAME_FEN = "8/8/8/4k3/8/8/8/R3K3 w Q - 0 1"
 PROMPT_TEMPLATE = "FEN: {fen}\n"
 SPLITS = ("train", "held_out")
 _MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
+_UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
 
 INSTRUCTION = (
     "You are given a chess position in FEN notation. List every legal move of the side to "
@@ -102,7 +103,7 @@ EXAMPLE_ANSWER = (
 ENDGAME_ANSWER = (
     "M: a1a2 a1a3 a1a4 a1a5 a1a6 a1a7 a1a8 a1b1 a1c1 a1d1 e1c1 e1d1 e1d2 e1e2 e1f1 e1f2"
 )  # every legal move of ENDGAME_FEN, castling queenside included (a test checks it)
-PAWN_INSTRUCTION = INSTRUCTION.replace(
+PAWNS_INSTRUCTION = INSTRUCTION.replace(
     "every legal move of the side to move", "every legal move of the pawns of the side to move"
 )
 PAWNS_FEN = "4k3/8/7P/3pp3/4PP2/2P5/P7/6K1 w - - 0 1"
@@ -181,7 +182,7 @@ PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
     "example": _worked_example(START_FEN, EXAMPLE_ANSWER),
     "endgame_example": _worked_example(ENDGAME_FEN, ENDGAME_ANSWER),
     "pieces_example": _worked_example(PIECES_FEN, PIECES_ANSWER, _pieces_prompt),
-    "pawns_example": _worked_example(PAWNS_FEN, PAWNS_ANSWER, _pieces_prompt, PAWN_INSTRUCTION),
+    "pawns_example": _worked_example(PAWNS_FEN, PAWNS_ANSWER, _pieces_prompt, PAWNS_INSTRUCTION),
 }
 """The prompt of a position: the bare FEN line; an instruction and the FEN as chat
 messages; the same with one worked example (the initial position, or a rook endgame)
@@ -240,11 +241,12 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
 
 
 def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -> float:
-    """The share of the distinct `moves` that start on a square of a piece asked for: the side
-    to move's (of kind `piece` when set), legal or not."""
+    """The share of the distinct `moves` that are well-formed UCI (``e2e4``, ``e7e8q``) and start
+    on a square of a piece asked for: the side to move's (of kind `piece` when set), legal or
+    not."""
     squares = own_squares(fen, piece)
     distinct = set(moves)
-    return sum(move[:2] in squares for move in distinct) / len(distinct)
+    return sum(bool(_UCI.fullmatch(m)) and m[:2] in squares for m in distinct) / len(distinct)
 
 
 def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[float]]:
@@ -335,16 +337,18 @@ def breakdown(
     both, precision_formatted (precision over the formatted completions alone) and
     distinct_rate (distinct sets of listed moves per formatted completion: 1 when every
     position gets its own list, 1 / n when one list is written everywhere); nan if none is
-    formatted. precision_elsewhere is precision with each list checked against the next row's
-    position (the last against the first): a list written without reading the position is as
-    legal there as on its own, so precision - precision_elsewhere is what reading it earns
-    (nan for one row). own_square_rate is `own_square_share`: distinct listed moves starting on
+    formatted. precision_elsewhere is precision with each list checked against the next
+    different position of `rows` (the last against the first): a list written without reading
+    the position is about as legal there as on its own, so precision - precision_elsewhere is
+    what reading it earns (nan for one position). own_square_rate is `own_square_share`: distinct listed moves starting on
     a square of a piece asked for. With `piece`, only that kind of piece's moves are legal
     and its squares count (as in the reward)."""
     formatted = precision = coverage = elsewhere = own = 0.0
     lists: set[frozenset[str]] = set()
     n = len(rows)
-    for i, (row, completion) in enumerate(zip(rows, completions, strict=True)):
+    positions = list(dict.fromkeys(row["fen"] for row in rows))  # rows may repeat a position
+    after = {fen: positions[(j + 1) % len(positions)] for j, fen in enumerate(positions)}
+    for row, completion in zip(rows, completions, strict=True):
         moves = parse_move_list(completion)
         if moves is None:
             continue
@@ -354,12 +358,12 @@ def breakdown(
         precision += len(check.legal) / (len(check.legal) + len(check.illegal))
         coverage += len(check.legal) / check.num_legal if check.num_legal else 0.0
         own += own_square_share(row["fen"], moves, piece)
-        other = check_moves(rows[(i + 1) % n]["fen"], moves, piece)
+        other = check_moves(after[row["fen"]], moves, piece)
         elsewhere += len(other.legal) / (len(other.legal) + len(other.illegal))
     return {
         "format_rate": formatted / n,
         "precision": precision / n,
-        "precision_elsewhere": elsewhere / n if n > 1 else float("nan"),
+        "precision_elsewhere": elsewhere / n if len(positions) > 1 else float("nan"),
         "coverage": coverage / n,
         "own_square_rate": own / n,
         "precision_formatted": precision / formatted if formatted else float("nan"),

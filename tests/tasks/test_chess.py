@@ -11,12 +11,11 @@ from grpo.tasks.chess import (  # noqa: E402
     ENDGAME_ANSWER,
     ENDGAME_FEN,
     INSTRUCTION,
-    PAWN_INSTRUCTION,
     PAWNS_ANSWER,
     PAWNS_FEN,
+    PAWNS_INSTRUCTION,
     PIECES_ANSWER,
     PIECES_FEN,
-    PROMPT_PIECE,
     PROMPTS,
     START_FEN,
     ChessRewardConfig,
@@ -24,6 +23,7 @@ from grpo.tasks.chess import (  # noqa: E402
     evaluate,
     generate_dataset,
     make_reward,
+    own_square_share,
     parse_move_list,
     piece_list,
     reward,
@@ -132,6 +132,12 @@ def test_breakdown_on_hand_made_answers():
         },
         rel=1e-12,
     )
+    # each position's completions repeated (several samples per position): a list is checked
+    # on the next different position, never on its own
+    rows = [{"fen": START_FEN}] * 2 + [{"fen": AFTER_E4}] * 2
+    repeated = breakdown(rows, ["M: e2e4"] * 2 + ["M: e7e5"] * 2)
+    assert repeated["precision"] == 1.0 and repeated["precision_elsewhere"] == 0.0
+    assert math.isnan(breakdown([{"fen": START_FEN}] * 2, ["M: e2e4"] * 2)["precision_elsewhere"])
     # one list written everywhere is as legal on the next position as on its own
     same = breakdown([{"fen": START_FEN}, {"fen": AFTER_E4}], ["M: g8f6 b1c3 e2e4"] * 2)
     assert same["precision_elsewhere"] == pytest.approx(same["precision"], rel=1e-12)
@@ -165,14 +171,13 @@ def test_pawns_prompt_asks_for_and_scores_pawn_moves_alone():
     its position, pawn by pawn); its rows hold pawn moves alone, never none; with piece='pawn'
     the reward and the breakdown count a legal knight move as illegal."""
     system, example, answer, user = PROMPTS["pawns_example"](AFTER_E4)
-    assert system["content"] == PAWN_INSTRUCTION != INSTRUCTION and "pawns" in PAWN_INSTRUCTION
+    assert system["content"] == PAWNS_INSTRUCTION != INSTRUCTION and "pawns" in PAWNS_INSTRUCTION
     assert example["content"] == f"FEN: {PAWNS_FEN}\n{piece_list(PAWNS_FEN)}"
     assert answer["content"] == PAWNS_ANSWER and user["content"].endswith(piece_list(AFTER_E4))
     listed = PAWNS_ANSWER.removeprefix("M: ").split()
     assert sorted(listed) == sorted(legal_moves(PAWNS_FEN, "pawn"))
     assert piece_list(PAWNS_FEN).splitlines()[1] == "White: king g1, pawns a2 c3 e4 f4 h6"
     assert list(dict.fromkeys(m[:2] for m in listed)) == ["a2", "c3", "e4", "f4", "h6"]
-    assert PROMPT_PIECE == {"pawns_example": "pawn"}
     rows = generate_dataset(30, seed=2, prompt="pawns_example")
     for row in rows:
         assert row["legal_moves"].split() == sorted(legal_moves(row["fen"], "pawn")) != []
@@ -189,6 +194,8 @@ def test_pawns_prompt_asks_for_and_scores_pawn_moves_alone():
     assert both["coverage"] == pytest.approx((1 / 16 + 1 / 16) / 2, rel=1e-12)
     assert both["precision_elsewhere"] == 0.0  # e2e4 is not Black's; e7e5 is not White's
     assert both["own_square_rate"] == pytest.approx((1 / 2 + 1) / 2, rel=1e-12)  # g1: a knight
+    # well-formed moves only: "e2zz" and "e2" start on e2 but earn no square share
+    assert own_square_share(START_FEN, ["e2zz", "e2", "e2e4", "g1f3"], "pawn") == 1 / 4
     # square_weight adds its share of distinct moves from a pawn's square (e2 twice, not g1)
     squares = ChessRewardConfig(piece="pawn", square_weight=0.25)
     assert score_completion(START_FEN, "M: e2e4 g1f3 e2e5 e2e5", squares) == pytest.approx(

@@ -50,13 +50,7 @@ def _per_completion(fen: str, text: str, num_tokens: int, settings) -> dict[str,
     if moves is None:
         return {**row, "format_rate": 0.0, "precision": 0.0, "coverage": 0.0}
     check = check_moves(fen, moves, settings.piece)
-    listed = len(check.legal) + len(check.illegal)
-    return {
-        **row,
-        "format_rate": 1.0,
-        "precision": len(check.legal) / listed,
-        "coverage": len(check.legal) / check.num_legal,
-    }
+    return {**row, "format_rate": 1.0, "precision": check.precision, "coverage": check.coverage}
 
 
 def _generate(policy, rows, k: int, batch_size: int, overrides: dict) -> list[list]:

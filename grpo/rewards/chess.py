@@ -89,6 +89,17 @@ class MoveCheck(NamedTuple):
     repeated: int  # proposals that repeat an earlier legal one
     num_legal: int  # how many legal moves the position has
 
+    @property
+    def precision(self) -> float:
+        """The share of the listed moves (repeats of a legal one aside) that are legal."""
+        listed = len(self.legal) + len(self.illegal)
+        return len(self.legal) / listed if listed else 0.0
+
+    @property
+    def coverage(self) -> float:
+        """The share of the position's legal moves listed (0 when it has none)."""
+        return len(self.legal) / self.num_legal if self.num_legal else 0.0
+
 
 def check_moves(fen: str, moves: Iterable[str], piece: str | None = None) -> MoveCheck:
     """Split `moves` (UCI strings) into distinct legal, illegal and repeated proposals; with

@@ -232,9 +232,7 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     if moves is None:
         return -config.format_penalty
     check = check_moves(fen, moves, config.piece)
-    listed = len(check.legal) + len(check.illegal)
-    coverage = len(check.legal) / check.num_legal if check.num_legal else 0.0
-    value = coverage - config.illegal_penalty * len(check.illegal) / listed
+    value = check.coverage - config.illegal_penalty * (1 - check.precision)
     if config.square_weight:
         value += config.square_weight * own_square_share(fen, moves, config.piece)
     return value
@@ -355,11 +353,11 @@ def breakdown(
         formatted += 1
         lists.add(frozenset(moves))
         check = check_moves(row["fen"], moves, piece)
-        precision += len(check.legal) / (len(check.legal) + len(check.illegal))
-        coverage += len(check.legal) / check.num_legal if check.num_legal else 0.0
+        precision += check.precision
+        coverage += check.coverage
         own += own_square_share(row["fen"], moves, piece)
         other = check_moves(after[row["fen"]], moves, piece)
-        elsewhere += len(other.legal) / (len(other.legal) + len(other.illegal))
+        elsewhere += other.precision
     return {
         "format_rate": formatted / n,
         "precision": precision / n,

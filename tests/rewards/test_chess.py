@@ -33,6 +33,8 @@ def test_check_moves_splits_legal_illegal_repeated():
     """Distinct legal moves in order, illegal and malformed ones apart, repeats counted."""
     result = check_moves(START, ["e2e4", "e2e4", "e7e5", "zz", "d2d4"])
     assert result == MoveCheck(("e2e4", "d2d4"), ("e7e5", "zz"), 1, 20)
+    assert (result.precision, result.coverage) == (2 / 4, 2 / 20)  # the repeat is neither
+    assert (MoveCheck((), (), 0, 0).precision, MoveCheck((), (), 0, 0).coverage) == (0.0, 0.0)
 
 
 def test_moves_of_one_kind_of_piece():

@@ -23,6 +23,7 @@ Prints one JSON object at the end. Run it with `nice` on shared machines.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -74,9 +75,9 @@ def main() -> None:
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     options = dict(config.task.options)
     prompt = options.get("prompt", "fen")
+    fields = {f.name for f in dataclasses.fields(chess.ChessRewardConfig)} - {"piece"}
     settings = chess.ChessRewardConfig(
-        **{k: v for k, v in options.items() if k in ("illegal_penalty", "format_penalty", "square_weight")},
-        piece=chess.PROMPT_PIECE.get(prompt),
+        **{k: v for k, v in options.items() if k in fields}, piece=chess.PROMPT_PIECE.get(prompt)
     )
     parts = build_task(config)
     policy, batch = parts.policy, config.evaluation.batch_size

@@ -232,7 +232,8 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     if moves is None:
         return -config.format_penalty
     check = check_moves(fen, moves, config.piece)
-    value = check.coverage - config.illegal_penalty * (1 - check.precision)
+    illegal_share = len(check.illegal) / (len(check.legal) + len(check.illegal))
+    value = check.coverage - config.illegal_penalty * illegal_share
     if config.square_weight:
         value += config.square_weight * own_square_share(fen, moves, config.piece)
     return value
@@ -338,9 +339,9 @@ def breakdown(
     formatted. precision_elsewhere is precision with each list checked against the next
     different position of `rows` (the last against the first): a list written without reading
     the position is about as legal there as on its own, so precision - precision_elsewhere is
-    what reading it earns (nan for one position). own_square_rate is `own_square_share`: distinct listed moves starting on
-    a square of a piece asked for. With `piece`, only that kind of piece's moves are legal
-    and its squares count (as in the reward)."""
+    what reading it earns (nan for one position). own_square_rate is `own_square_share`:
+    distinct listed moves starting on a square of a piece asked for. With `piece`, only that
+    kind of piece's moves are legal and its squares count (as in the reward)."""
     formatted = precision = coverage = elsewhere = own = 0.0
     lists: set[frozenset[str]] = set()
     n = len(rows)

@@ -8,18 +8,23 @@ seed; held-out greedy accuracy (the 500 problems) after `--steps` steps, the
 schedule shortened to them (warm-up and cosine over `--steps`). The claim checked:
 max_staleness 1 ends within the spread of the synchronous seeds.
 
-`timing`: one thread per stage (torch's thread count is process-wide; each stage
-runs its torch ops with `--threads` threads, so the overlapped run uses twice as
-many cores). In each of `--rounds` rounds, alternating:
+`timing`: each stage computes with `--threads` torch threads, so the overlapped run
+uses twice as many cores; `--set run.rollout_worker=process` samples in a process
+instead of a thread. In each of `--rounds` rounds:
 - the overlapped loop (max_staleness 1) for `--steps` steps, each step's wall
   time (the trainer's wait for samples, its update and the weights' copy);
-- the sampler stage alone: sample a stale batch and score the sampler's
-  log-probs (unless the policy weighs its rollouts itself, as the producer
-  skips it then), with a copy of the policy, nothing else running;
-- the trainer stage alone: one update on such a batch (π_old recomputed when
-  it carries the sampler's log-probs).
-Medians per round, the first `--warmup` steps of each block left out. The goal:
-overlapped step <= 1.15 x the slower stage alone.
+- a replay of the same steps from the same seed, one stage at a time: the
+  sampler stage (sample step s's batch with version s - 1 and score the
+  sampler's log-probs, unless the policy weighs its rollouts itself, as the
+  producer skips it then) with a copy of the policy, then the trainer stage
+  (one update on that batch). The sampler draws the same random numbers as the
+  overlapped run's, so these are the same batches (checked step by step
+  through the mean reward: `replay_same_batches_steps` is the number of steps
+  before the first that differs).
+Overlapped, step s trains batch s while batch s + 1 is sampled: the goal is
+overlapped steps <= 1.15 x the sum over the same steps of max(trainer stage of
+s, sampler stage of s + 1) alone (`overlapped_over_paired_slower_stage`); the
+first `--warmup` steps and the last are left out. Medians per round as well.
 
     nice -n 19 python bench/staleness.py accuracy --seeds 3 --steps 300 --json acc.json
     nice -n 19 python bench/staleness.py timing --rounds 3 --steps 20 --json timing.json
@@ -88,11 +93,12 @@ def accuracy_run(
 def stage_times(
     steps: int, threads: int, warmup: int, workload: tuple[str, list[str]] = DEMO
 ) -> dict[str, float]:
-    """One round: overlapped steps, then each stage alone; medians in seconds."""
-    from grpo.protocols import hook
-    from grpo.step.collect import sample_rollout, score_old_logprobs
+    """One round: the overlapped loop, then the same steps replayed with each stage alone;
+    seconds (medians, and the paired ratio)."""
+    from grpo.run.overlap import sample_stamped
+    from grpo.step.staleness import sampling_version
 
-    loop, parts = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
+    loop, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
     walls = []
     try:
         for _ in range(steps):
@@ -100,26 +106,39 @@ def stage_times(
             loop.train_step()
             walls.append(time.perf_counter() - begin)
     finally:
-        loop.close()  # its thread has ended: the stages below run alone
-    trainer = loop.trainer
-    sampler_policy = copy.deepcopy(trainer.policy)
-    G = trainer.config.group_size
-    sampler, train = [], []
-    for _ in range(steps):
+        loop.close()  # its worker has ended: the replay below runs alone
+    # the replay: the same seed, the same schedule (step s samples with version s - 1), one
+    # stage at a time; the sampler draws the same numbers, so the batches are the same
+    replay, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/replay", workload)
+    trainer, G = replay.trainer, replay.trainer.config.group_size
+    sampler_copy = copy.deepcopy(trainer.policy)
+    versions = {0: _weights(trainer.policy)}
+    sampler, train, same = [], [], steps
+    for step in range(steps):
+        version = sampling_version(step, 1, 0)
+        _load(sampler_copy, versions.pop(version, None))
         begin = time.perf_counter()
-        rollout = sample_rollout(sampler_policy, trainer.reward_model, next(loop.sampler), G)
-        if hook(sampler_policy, "weighs_rollouts") is not True:  # as the producer does
-            scored = score_old_logprobs(sampler_policy, rollout)
-            rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
+        batch = sample_stamped(sampler_copy, trainer.reward_model, next(replay.sampler), G,
+                               step, version)  # fmt: skip
         sampler.append(time.perf_counter() - begin)
         begin = time.perf_counter()
-        trainer.train_step(rollout.states[::G], rollout=rollout)
+        metrics = trainer.train_step(batch.rollout.states[::G], rollout=batch.rollout)
         train.append(time.perf_counter() - begin)
+        replay.scheduler.step()
+        versions[step + 1] = _weights(trainer.policy)
+        if metrics["reward/mean"] != loop.history[step]["reward/mean"] and same == steps:
+            same = step  # from here the replay's batches are not the run's: say so
+    # overlapped, step s trains batch s while batch s + 1 is sampled: its slower stage alone
+    # is max(train[s], sampler[s + 1]); the last step has no later batch
+    measured = range(warmup, steps - 1)
+    paired = sum(max(train[s], sampler[s + 1]) for s in measured)
     h = loop.history[warmup:]
     return {
         "overlapped_step": statistics.median(walls[warmup:]),
         "sampler_alone": statistics.median(sampler[warmup:]),
         "trainer_alone": statistics.median(train[warmup:]),
+        "overlapped_over_paired_slower_stage": sum(walls[s] for s in measured) / paired,
+        "replay_same_batches_steps": same,  # = steps when every replayed batch was the run's
         "overlapped_trainer_update": statistics.median(
             r["time/step"] - r["time/wait_samples"] - r["time/publish_weights"] for r in h
         ),
@@ -132,6 +151,19 @@ def stage_times(
         "publish_weights": statistics.median(r["time/publish_weights"] for r in h),
         "load_before": os.getloadavg()[0],
     }
+
+
+def _weights(policy: Any) -> dict[str, Any]:
+    return {n: p.detach().clone() for n, p in policy.get_parameters().items()}
+
+
+def _load(policy: Any, weights: dict[str, Any] | None) -> None:
+    import torch
+
+    if weights is not None:
+        with torch.no_grad():
+            for name, p in policy.get_parameters().items():
+                p.copy_(weights[name])
 
 
 def main() -> None:

@@ -180,12 +180,18 @@ class RunSettings:
     save_final: bool = True
     """Save the trained model in Hugging Face format under final/."""
     max_staleness: int = 0
-    """Overlapped rollouts: 0 = every step samples, then updates; k >= 1 = a thread samples
-    the batches of later steps while the trainer updates, each with weights at most k
-    updates old, trained on with the decoupled objective (docs/async.md). Each stage
+    """Overlapped rollouts: 0 = every step samples, then updates; k >= 1 = a thread (or a
+    process: `rollout_worker`) samples the batches of later steps while the trainer
+    updates, each with weights at most k updates old, trained on with the decoupled
+    objective (docs/async.md). Each stage
     computes with `threads` torch threads: give the two together at most the cores.
     On the demo, k = 1 ended within the synchronous runs' spread at 300 steps (2.3 points
     lower over six seeds) and k = 2 collapsed once in three (docs/async.md)."""
+    rollout_worker: str = "thread"
+    """Where an overlapped run (max_staleness >= 1) samples: `thread` (any device), or
+    `process`: a forked process with weights in shared memory, which does not share the
+    interpreter lock with the trainer (CPU only; not with rollout.engine vllm_server,
+    whose servers already sample in processes of their own). docs/async.md."""
 
     def __post_init__(self) -> None:
         check_int("run", "checkpoint_every", self.checkpoint_every, minimum=0)
@@ -194,6 +200,10 @@ class RunSettings:
         if self.threads is not None:
             check_int("run", "threads", self.threads)
         check_int("run", "max_staleness", self.max_staleness, minimum=0)
+        if self.rollout_worker not in ("thread", "process"):
+            raise ValueError(
+                f"run.rollout_worker: got {self.rollout_worker!r}; allowed: thread, process"
+            )
 
 
 TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "entropy_coeff": 0.0}

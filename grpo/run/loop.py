@@ -37,7 +37,8 @@ import torch
 
 from grpo import distributed
 from grpo.protocols import hook
-from grpo.run.overlap import RolloutProducer, check_overlap, overlapped_step
+from grpo.run.overlap import check_overlap, overlapped_step
+from grpo.run.overlap_process import ROLLOUT_WORKERS
 from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
@@ -185,10 +186,12 @@ class TrainingLoop:
         eval_every: int = 0,
         sink: Any = None,
         max_staleness: int = 0,
+        rollout_worker: str = "thread",
     ) -> None:
         """`trainer.optimizer` gets the schedule; `evaluate()` -> (metrics, samples) or None.
         `max_staleness` >= 1: later steps are sampled while the trainer updates
-        (`grpo.run.overlap`); 0: every step samples, then updates."""
+        (`grpo.run.overlap`) in a `rollout_worker` thread or process; 0: every step
+        samples, then updates."""
         from transformers import get_scheduler
 
         check_int("evaluation", "every", eval_every, minimum=0)
@@ -196,7 +199,11 @@ class TrainingLoop:
         check_overlap(trainer, max_staleness, distributed.world_size())
         self.producer = None  # no thread at all with max_staleness 0
         if max_staleness:
-            self.producer = RolloutProducer(
+            if rollout_worker not in ROLLOUT_WORKERS:
+                raise ValueError(
+                    f"run.rollout_worker: got {rollout_worker!r}; allowed: thread, process"
+                )
+            self.producer = ROLLOUT_WORKERS[rollout_worker](
                 trainer.policy, trainer.reward_model, sampler, trainer.config.group_size,
                 max_staleness, schedule.num_steps,
             )  # fmt: skip

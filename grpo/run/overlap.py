@@ -1,7 +1,8 @@
 """`RolloutProducer`: the batches of later steps sampled while the trainer updates.
 
 With `run.max_staleness` k >= 1 the run loop takes each step's samples from a
-producer thread instead of sampling them itself. The producer samples with its
+producer thread instead of sampling them itself (or from a process:
+`grpo.run.overlap_process`, which follows the same rules). The producer samples with its
 own copy of the policy (`copy.deepcopy`, made when it starts), so the sampler
 never reads weights the optimizer is writing: after every update the loop
 publishes a copy of the trained parameters (one clone per version, `time/publish_weights`),
@@ -9,8 +10,9 @@ and the producer loads the version a step needs into its copy between batches.
 
 Which weights sample which step is fixed (`grpo.step.staleness.sampling_version`):
 the batch of step s is sampled with version s - k (never before the version the
-producer started from), so a group is never more than k versions old and an
-overlapped run is reproducible from its seed whatever the threads' timing. The
+producer started from), so a group is never more than k versions old and the
+threads' timing does not choose the weights (yet a thread run of the real model was
+seen to sample other batches from one run to the next: docs/async.md). The
 producer waits for that version (`time/wait_weights`), the trainer for the batch
 (`time/wait_samples`); a bounded queue of k batches sits between them.
 
@@ -55,7 +57,10 @@ from grpo.step.collect import sample_rollout, score_old_logprobs
 from grpo.step.staleness import StalenessLog, admitted, sampling_version, staleness_metrics
 from grpo.step.timing import StepTimer
 
-__all__ = ["RolloutProducer", "StampedBatch", "check_overlap", "overlapped_step"]
+__all__ = [
+    "Producer", "RolloutProducer", "StampedBatch", "check_overlap", "copy_weights",
+    "overlapped_step",
+]  # fmt: skip
 
 
 @dataclass
@@ -72,8 +77,8 @@ class _Stop(Exception):
     """The producer was closed while waiting."""
 
 
-class RolloutProducer:
-    """Samples the batches of steps `start .. num_steps - 1` in a thread, k versions ahead."""
+class Producer:
+    """What a rollout worker (thread or process) holds: the run's parts and its schedule."""
 
     def __init__(
         self, policy: Any, reward_model: Any, sampler: Any, group_size: int,
@@ -81,14 +86,45 @@ class RolloutProducer:
     ) -> None:  # fmt: skip
         self.policy = policy
         self.reward_model = reward_model
-        self.sampler = sampler  # the loop's StateSampler: only this thread draws while it runs
+        self.sampler = sampler  # the loop's StateSampler: only the worker draws while it runs
         self.G = group_size
         self.k = max_staleness
         self.num_steps = num_steps
+        self.first = 0  # the version the worker starts from
+        self._resume: dict[int, dict[str, Any]] = {}  # step -> state before its batch was drawn
+
+    def close(self) -> None:
+        """Stop the worker and drop what it sampled ahead (each worker's own)."""
+        raise NotImplementedError
+
+    def forget_drawn(self) -> None:
+        """Forget where earlier batches were drawn (a loaded checkpoint says where)."""
+        self.close()
+        self._resume.clear()
+
+    def needed(self, version: int) -> bool:
+        """Whether a later step samples with `version` (else publishing it is skipped)."""
+        return version <= sampling_version(self.num_steps - 1, self.k, self.first)
+
+
+def copy_weights(into: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
+    """Copy each of `source`'s tensors into the tensor of the same name in `into`."""
+    with torch.no_grad():
+        for name, tensor in into.items():
+            tensor.copy_(source[name])
+
+
+class RolloutProducer(Producer):
+    """Samples the batches of steps `start .. num_steps - 1` in a thread, k versions ahead."""
+
+    def __init__(
+        self, policy: Any, reward_model: Any, sampler: Any, group_size: int,
+        max_staleness: int, num_steps: int,
+    ) -> None:  # fmt: skip
+        super().__init__(policy, reward_model, sampler, group_size, max_staleness, num_steps)
         self.sampling_lock = threading.Lock()  # held while sampling; evaluation takes it too
         self._cond = threading.Condition()
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}  # version -> parameters
-        self._resume: dict[int, dict[str, Any]] = {}  # step -> state before its batch was drawn
         self._queue: queue.Queue[StampedBatch | BaseException] = queue.Queue(maxsize=max_staleness)
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -119,8 +155,7 @@ class RolloutProducer:
     def publish(self, version: int) -> float:
         """Offer the policy's weights now as `version` (after an update); returns the seconds
         the copy took (0 when no later step samples with this version)."""
-        last_needed = sampling_version(self.num_steps - 1, self.k, self.first)
-        if version > last_needed:
+        if not self.needed(version):
             return 0.0
         begin = time.perf_counter()
         params = {n: p.detach().clone() for n, p in self.policy.get_parameters().items()}
@@ -147,11 +182,6 @@ class RolloutProducer:
             if self._thread is not None:
                 self._cond.wait_for(lambda: step in self._resume or self._stop)
             return self._resume.get(step)
-
-    def forget_drawn(self) -> None:
-        """Forget where earlier batches were drawn (a loaded checkpoint says where)."""
-        self.close()
-        self._resume.clear()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -182,7 +212,7 @@ class RolloutProducer:
                         self._queue.put(batch, timeout=0.05)
                         break
             with self._cond:  # a checkpoint after the last step resumes from here
-                self._resume[self.num_steps] = self._state()
+                self._resume[self.num_steps] = drawn_state(self._copy, self.sampler)
                 self._cond.notify_all()
         except _Stop:
             pass
@@ -197,32 +227,15 @@ class RolloutProducer:
         version = sampling_version(step, self.k, self.first)
         wait = self._load(version)
         with self._cond:
-            self._resume[step] = self._state()
+            self._resume[step] = drawn_state(self._copy, self.sampler)
             self._resume.pop(step - self.k - 2, None)  # long trained on
             self._cond.notify_all()
-        timer = StepTimer()
         with self.sampling_lock:
-            rollout = sample_rollout(
-                self._copy, self.reward_model, next(self.sampler), self.G, timer
+            batch = sample_stamped(
+                self._copy, self.reward_model, next(self.sampler), self.G, step, version
             )
-            metrics = {
-                **(hook(self._copy, "rollout_metrics") or {}),
-                **(hook(self.reward_model, "last_metrics") or {}),
-            }
-            scoring = 0.0
-            if version < step and hook(self._copy, "weighs_rollouts") is not True:
-                # stale: the loss corrects with the sampler's own log-probs (a policy that
-                # weighs its rollouts already holds them, recorded with the actions)
-                begin = time.perf_counter()
-                scored = score_old_logprobs(self._copy, rollout)
-                rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
-                scoring = time.perf_counter() - begin
-        metrics.update({
-            "time/sampler/sampling": timer.seconds["sampling"],
-            "time/sampler/rewards": timer.seconds["rewards"],
-            "time/sampler/logprobs": scoring, "time/wait_weights": wait,
-        })  # fmt: skip
-        return StampedBatch(step, version, rollout, metrics)
+        batch.metrics["time/wait_weights"] = wait
+        return batch
 
     def _load(self, version: int) -> float:
         """Make `version` the copy's weights (waiting for it); returns the seconds waited."""
@@ -237,17 +250,44 @@ class RolloutProducer:
             for old in [v for v in self._snapshots if v <= version]:
                 del self._snapshots[old]  # never needed again: versions only grow
         waited = time.perf_counter() - begin
-        with torch.no_grad():
-            for name, p in self._copy.get_parameters().items():
-                p.copy_(params[name])
+        copy_weights(self._copy.get_parameters(), params)
         self._loaded = version
         return waited
 
-    def _state(self) -> dict[str, Any]:
-        """Where the prompts and the sampling seeds are, before the next draw."""
-        sampling = hook(self._copy, "sampling_state")
-        sampler = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None
-        return {"sampler": sampler, "policy_sampling": sampling() if callable(sampling) else None}
+
+def drawn_state(policy: Any, sampler: Any) -> dict[str, Any]:
+    """Where the prompts and `policy`'s sampling seeds are, before the next draw."""
+    sampling = hook(policy, "sampling_state")
+    state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
+    return {"sampler": state, "policy_sampling": sampling() if callable(sampling) else None}
+
+
+def sample_stamped(
+    policy: Any, reward_model: Any, states: list[Any], G: int, step: int, version: int
+) -> StampedBatch:
+    """Sample and reward the batch of `step` with `policy` (holding `version`'s weights); a
+    stale one (version < step) carries the sampler's log-probs unless the policy weighs
+    its rollouts itself. `time/wait_weights` is the caller's to add."""
+    timer = StepTimer()
+    rollout = sample_rollout(policy, reward_model, states, G, timer)
+    metrics = {
+        **(hook(policy, "rollout_metrics") or {}),
+        **(hook(reward_model, "last_metrics") or {}),
+    }
+    scoring = 0.0
+    if version < step and hook(policy, "weighs_rollouts") is not True:
+        # stale: the loss corrects with the sampler's own log-probs (a policy that weighs
+        # its rollouts already holds them, recorded with the actions)
+        begin = time.perf_counter()
+        scored = score_old_logprobs(policy, rollout)
+        rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
+        scoring = time.perf_counter() - begin
+    metrics.update({
+        "time/sampler/sampling": timer.seconds["sampling"],
+        "time/sampler/rewards": timer.seconds["rewards"],
+        "time/sampler/logprobs": scoring,
+    })  # fmt: skip
+    return StampedBatch(step, version, rollout, metrics)
 
 
 def check_overlap(trainer: Any, max_staleness: int, world_size: int) -> None:

@@ -84,6 +84,12 @@ def build_loop(
             "in-process vLLM engine cannot be copied for a sampling thread; allowed: "
             "max_staleness 0, or engine vllm_server, transformers or lean"
         )
+    worker = config.run.rollout_worker if config.run.max_staleness else None
+    if worker == "process" and config.rollout.engine == "vllm_server":
+        raise ConfigError(
+            "run.rollout_worker=process with rollout.engine vllm_server: the servers already "
+            "sample in processes of their own; allowed: rollout_worker thread"
+        )
     parts = build_parts(config)
     try:
         trainer = GRPOTrainer(
@@ -100,6 +106,7 @@ def build_loop(
             eval_every=config.evaluation.every,
             sink=sink,
             max_staleness=config.run.max_staleness,
+            rollout_worker=config.run.rollout_worker,
         )
     except BaseException:
         close_policy(parts.policy)

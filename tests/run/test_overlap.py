@@ -21,21 +21,25 @@ SHORT = ["task.train_size=96", "task.eval_size=8", "run.tensorboard=false", "eva
 
 
 def _loop(
-    max_staleness: int, num_steps: int = 6, policy_class: type = SequencePolicy, **grpo
-) -> TrainingLoop:
+    max_staleness: int, num_steps: int = 6, policy_class: type = SequencePolicy,
+    worker: str = "thread", **grpo: object,
+) -> TrainingLoop:  # fmt: skip
     torch.manual_seed(0)
     policy = policy_class(num_states=5, vocab_size=4, max_length=4, seed=1)
     config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=2, kl_coeff=0.1, **grpo)
     schedule = ScheduleConfig(num_steps=num_steps, learning_rate=0.05)
     trainer = GRPOTrainer(policy, token_count_reward(1), make_optimizer(schedule), config)
     sampler = StateSampler(list(range(5)), 4, seed=2)
-    return TrainingLoop(trainer, sampler, schedule, max_staleness=max_staleness)
+    return TrainingLoop(
+        trainer, sampler, schedule, max_staleness=max_staleness, rollout_worker=worker
+    )
 
 
+@pytest.mark.parametrize("worker", ["thread", "process"])
 @pytest.mark.parametrize("k", [1, 2])
-def test_each_step_is_sampled_k_versions_back_and_never_older(k):
+def test_each_step_is_sampled_k_versions_back_and_never_older(k, worker):
     """Step s trains on groups of version max(s - k, 0): staleness min(s, k) <= k, none dropped."""
-    history = _loop(k).train()
+    history = _loop(k, worker=worker).train()
     versions = [row["staleness/sampler_version"] for row in history]
     assert versions == [float(max(s - k, 0)) for s in range(6)]
     assert [row["staleness/max"] for row in history] == [float(min(s, k)) for s in range(6)]
@@ -55,11 +59,13 @@ class _WeighingPolicy(SequencePolicy):
         return torch.ones_like(old_logprobs)
 
 
-def test_a_policy_that_weighs_its_rollouts_is_not_scored_again_by_the_sampler():
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_policy_that_weighs_its_rollouts_is_not_scored_again_by_the_sampler(worker):
     """Stale batches are scored by the sampler's copy only when the policy's own importance
     weights do not correct them: the weighing policy's stale steps spend no scoring time and
     train with its weights (mean exactly 1); the plain policy's are scored and reweighed."""
-    plain, weighing = _loop(1).train(), _loop(1, policy_class=_WeighingPolicy).train()
+    plain = _loop(1, worker=worker).train()
+    weighing = _loop(1, policy_class=_WeighingPolicy, worker=worker).train()
     for history in (plain, weighing):
         assert [row["staleness/max"] for row in history] == [0.0] + [1.0] * 5
     assert all(row["time/sampler/logprobs"] > 0 for row in plain[1:])
@@ -68,13 +74,28 @@ def test_a_policy_that_weighs_its_rollouts_is_not_scored_again_by_the_sampler():
     assert all(row["importance_weight/mean"] == 1.0 for row in weighing[1:])
 
 
-def test_an_overlapped_run_is_reproducible_from_its_seed():
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_an_overlapped_run_is_reproducible_from_its_seed(worker):
     """Two runs with max_staleness 1 end with the same weights: versions, not timing, decide."""
-    first = _loop(1)  # each loop seeds torch's generator, which the toy policy samples from
+    first = _loop(1, worker=worker)  # each seeds torch's generator, which the toy samples from
     first.train()
-    second = _loop(1)
+    second = _loop(1, worker=worker)
     second.train()
     assert torch.equal(first.trainer.policy.logits, second.trainer.policy.logits)
+
+
+def test_a_process_samples_what_a_thread_samples():
+    """The process draws from its fork of torch's generator as the thread draws from the
+    generator itself (the trainer draws none): the same batches, the same final weights,
+    for k = 1 and 2; so the worker changes where sampling runs, not what it samples."""
+    for k in (1, 2):
+        thread = _loop(k, worker="thread")  # seeds torch's generator: built just before use
+        thread_history = thread.train()
+        process = _loop(k, worker="process")
+        process_history = process.train()
+        assert torch.equal(thread.trainer.policy.logits, process.trainer.policy.logits)
+        for a, b in zip(thread_history, process_history, strict=True):
+            assert a["reward/mean"] == b["reward/mean"]
 
 
 def test_overlap_changes_the_run_and_max_staleness_0_starts_no_thread():
@@ -98,6 +119,16 @@ def test_settings_overlap_cannot_serve_are_refused_by_name():
         _loop(-1)
 
 
+class Killed(Exception):
+    """The run stopped from outside."""
+
+
+def kill_after_3(step: int) -> None:
+    """`after_step` of a run killed once step 3 is done."""
+    if step == 3:
+        raise Killed
+
+
 class _LoggedSampler(StateSampler):
     """A StateSampler that records every batch it draws."""
 
@@ -116,14 +147,6 @@ def test_an_interrupted_overlapped_loop_resumes_by_drawing_the_queued_prompts_ag
     straight = _loop(2)
     straight.sampler = straight.producer.sampler = _LoggedSampler(list(range(5)), 4, seed=2)
     straight.train()
-
-    class Killed(Exception):
-        pass
-
-    def kill_after_3(step):
-        if step == 3:
-            raise Killed
-
     half = _loop(2)
     with pytest.raises(Killed):
         half.train(after_step=kill_after_3)
@@ -141,11 +164,15 @@ def _rows(run_dir: Path) -> list[dict]:
     return [row for row in rows if "staleness/sampler_version" in row]
 
 
-def test_the_demo_overlapped_stamps_versions_and_resume_resamples_the_queue(tmp_path, monkeypatch):
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_the_demo_overlapped_stamps_versions_and_resume_resamples_the_queue(
+    tmp_path, monkeypatch, worker
+):
     """configs/demo.yaml with max_staleness 2 (lean engine, 4 steps): versions max(s - 2, 0);
     resumed from step 2's checkpoint, steps 2 and 3 are sampled again with version 2."""
     monkeypatch.chdir(REPO)  # the demo names its model by a path relative to the repository
     sets = [*SHORT, "run.max_staleness=2", "schedule.num_steps=4", "run.checkpoint_every=2"]
+    sets.append(f"run.rollout_worker={worker}")
     args = [arg for item in [*sets, f"run.dir={tmp_path / 'run'}"] for arg in ("--set", item)]
     assert main(["train", "configs/demo.yaml", *args]) == 0
     rows = _rows(tmp_path / "run")

@@ -95,8 +95,8 @@ def stage_times(
 ) -> dict[str, float]:
     """One round: the overlapped loop, then the same steps replayed with each stage alone;
     seconds (medians, and the paired ratio)."""
-    from grpo.run.overlap import sample_stamped
-    from grpo.step.staleness import sampling_version
+    from grpo.precision import set_weight_cache
+    from grpo.run.overlap import RolloutProducer
 
     loop, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
     walls = []
@@ -108,26 +108,13 @@ def stage_times(
     finally:
         loop.close()  # its worker has ended: the replay below runs alone
     # the replay: the same seed, the same schedule (step s samples with version s - 1), one
-    # stage at a time; the sampler draws the same numbers, so the batches are the same
-    replay, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/replay", workload)
-    trainer, G = replay.trainer, replay.trainer.config.group_size
-    sampler_copy = copy.deepcopy(trainer.policy)
-    versions = {0: _weights(trainer.policy)}
-    sampler, train, same = [], [], steps
-    for step in range(steps):
-        version = sampling_version(step, 1, 0)
-        _load(sampler_copy, versions.pop(version, None))
-        begin = time.perf_counter()
-        batch = sample_stamped(sampler_copy, trainer.reward_model, next(replay.sampler), G,
-                               step, version)  # fmt: skip
-        sampler.append(time.perf_counter() - begin)
-        begin = time.perf_counter()
-        metrics = trainer.train_step(batch.rollout.states[::G], rollout=batch.rollout)
-        train.append(time.perf_counter() - begin)
-        replay.scheduler.step()
-        versions[step + 1] = _weights(trainer.policy)
-        if metrics["reward/mean"] != loop.history[step]["reward/mean"] and same == steps:
-            same = step  # from here the replay's batches are not the run's: say so
+    # stage at a time; the sampler draws the same numbers, so the batches are the same. A
+    # sampling thread runs autocast without its weight cache (grpo.precision): so does its replay
+    cache_before = set_weight_cache(type(loop.producer) is not RolloutProducer)
+    try:
+        replay, sampler, train, same = _replay(steps, threads, loop.history, workload)
+    finally:
+        set_weight_cache(cache_before)
     # overlapped, step s trains batch s while batch s + 1 is sampled: its slower stage alone
     # is max(train[s], sampler[s + 1]); the last step has no later batch
     measured = range(warmup, steps - 1)
@@ -151,6 +138,37 @@ def stage_times(
         "publish_weights": statistics.median(r["time/publish_weights"] for r in h),
         "load_before": os.getloadavg()[0],
     }
+
+
+def _replay(
+    steps: int, threads: int, history: list[dict[str, Any]], workload: tuple[str, list[str]]
+) -> tuple[Any, list[float], list[float], int]:
+    """The overlapped run's steps again from the same seed, one stage at a time: the loop,
+    each step's sampler and trainer seconds, and how many steps sampled the run's batches."""
+    from grpo.run.overlap import sample_stamped
+    from grpo.step.staleness import sampling_version
+
+    replay, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/replay", workload)
+    trainer, G = replay.trainer, replay.trainer.config.group_size
+    sampler_copy = copy.deepcopy(trainer.policy)
+    versions = {0: _weights(trainer.policy)}
+    sampler, train, same = [], [], steps
+    for step in range(steps):
+        version = sampling_version(step, 1, 0)
+        _load(sampler_copy, versions.pop(version, None))
+        begin = time.perf_counter()
+        batch = sample_stamped(sampler_copy, trainer.reward_model, next(replay.sampler), G,
+                               step, version)  # fmt: skip
+        sampler.append(time.perf_counter() - begin)
+        begin = time.perf_counter()
+        metrics = trainer.train_step(batch.rollout.states[::G], rollout=batch.rollout)
+        train.append(time.perf_counter() - begin)
+        replay.scheduler.step()
+        versions[step + 1] = _weights(trainer.policy)
+        if metrics["reward/mean"] != history[step]["reward/mean"] and same == steps:
+            same = step  # from here the replay's batches are not the run's: say so
+    replay.close()
+    return replay, sampler, train, same
 
 
 def _weights(policy: Any) -> dict[str, Any]:

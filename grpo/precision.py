@@ -10,6 +10,17 @@ in the low dtype from float32 weights and gradients come back in float32.
 Everything computed from the model's outputs after it (log-softmax, loss,
 advantages, KL) is float32 as without it.
 
+Autocast keeps a cache of each weight's low-precision cast while a forward runs,
+so a weight used twice (a prompt's forward shared by its group's completions)
+is cast once and its two gradients meet in the low dtype; without the cache each
+use casts its own copy and the gradients meet in float32. With a second thread
+running autocast too (a sampling thread scoring its batch), what the trainer's
+forward reuses from the cache was seen to change with the threads' timing:
+bf16-mixed runs with a sampling thread trained on other batches from one run to
+the next, and with the cache off they were the same (docs/async.md).
+`set_weight_cache(False)` turns it off for every `compute_precision` while such a
+thread runs.
+
 `update_stall_share` estimates, for weights *stored* in bfloat16 or float16,
 the share whose value an optimizer step of size `lr` cannot change: a step
 rounds away when it is below half the spacing of the dtype's numbers near
@@ -33,7 +44,7 @@ __all__ = [
     "check_precision",
     "compute_dtype",
     "compute_precision",
-    "update_stall_share",
+    "set_weight_cache",
     "trained_and_peak_lr",
     "update_stall_share",
     "warn_if_updates_stall",
@@ -68,13 +79,24 @@ def check_precision(field: str, value: Any) -> str:
     return name
 
 
+_weight_cache = True  # autocast's cache of weight casts (off while a sampling thread runs)
+
+
+def set_weight_cache(enabled: bool) -> bool:
+    """Turn autocast's weight-cast cache on or off for `compute_precision` in every thread
+    (see above); returns the setting it replaces."""
+    global _weight_cache
+    before, _weight_cache = _weight_cache, bool(enabled)
+    return before
+
+
 def compute_precision(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     """The context a forward (and the backward of what it builds) runs under:
     `torch.autocast` to the precision's dtype, or nothing for fp32."""
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=dtype)
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=_weight_cache)
 
 
 def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:

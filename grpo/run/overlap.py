@@ -10,9 +10,9 @@ and the producer loads the version a step needs into its copy between batches.
 
 Which weights sample which step is fixed (`grpo.step.staleness.sampling_version`):
 the batch of step s is sampled with version s - k (never before the version the
-producer started from), so a group is never more than k versions old and the
-threads' timing does not choose the weights (yet a thread run of the real model was
-seen to sample other batches from one run to the next: docs/async.md). The
+producer started from), so a group is never more than k versions old and an
+overlapped run is reproducible from its seed whatever the threads' timing (under
+bf16 autocast, with its weight cache off while the thread runs: `grpo.precision`). The
 producer waits for that version (`time/wait_weights`), the trainer for the batch
 (`time/wait_samples`); a bounded queue of k batches sits between them.
 
@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from grpo.precision import set_weight_cache
 from grpo.protocols import hook
 from grpo.records import Rollout
 from grpo.step.collect import sample_rollout, score_old_logprobs
@@ -149,6 +150,7 @@ class RolloutProducer(Producer):
                 self.sampler.load_state_dict(drawn["sampler"])
             if drawn["policy_sampling"] is not None:
                 self._copy.load_sampling_state(drawn["policy_sampling"])
+        self._cache_before = set_weight_cache(False)  # grpo.precision: shared by the threads
         self._thread = threading.Thread(target=self._run, name="grpo-rollouts", daemon=True)
         self._thread.start()
 
@@ -201,6 +203,7 @@ class RolloutProducer(Producer):
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)  # unblock a producer waiting to put
         self._thread = None
+        set_weight_cache(self._cache_before)
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:

@@ -13,17 +13,23 @@ shares nothing but what it is given:
   v + k + 1, after step v + k is trained; that step's batch was sampled with version
   v, which the process had copied into its model before sampling it. So a slot is
   never written while it may still be read, with no lock;
-- **batches** come back pickled by value through a pipe, with the prompt sampler's
-  and sampling seeds' state before each draw (for checkpoints), and an error raised
-  in the process as the same exception with the process's traceback as a note.
+- **batches** come back pickled by value through a pipe, each with the prompt
+  sampler's and sampling seeds' state after its draw, which is the state before the
+  next one (what a checkpoint saves); the state before the first draw is the
+  trainer's own at the start. A thread of the trainer reads the pipe as messages
+  come, so the process never waits on a full pipe, and the process writes each
+  message before it goes on: what it sent is in the pipe if it is killed after.
+- **errors** raised in the process reach the trainer as the same exception with the
+  process's traceback as a note (Python >= 3.11; a `RolloutProcessError` naming it
+  before, or where it does not pickle).
 
 Which weights sample which step is the thread's rule (`sampling_version`), so a run
 with k >= 1 is reproducible from its seed. The process samples with its own copy of
-torch's generator (forked at the start), so evaluation need not pause it and draws the
-same numbers whichever worker runs. A process that dies (killed, out of memory) is
-noticed within `POLL_SECONDS` of the trainer waiting on it: the error names its exit
-code and the step in flight. A trainer killed outright leaves a process that notices
-its parent gone and exits.
+torch's generator (forked at the start), so evaluation need not pause it. A process
+that dies (killed, out of memory) closes its end of the pipe: the trainer's next wait
+raises a `RolloutProcessError` naming its exit code and the step awaited. A trainer
+killed outright leaves a process that sees its parent gone (or its pipe broken) and
+exits; Ctrl-C stops the trainer, which stops the process.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -50,13 +57,14 @@ from grpo.run.overlap import (
     copy_weights,
     drawn_state,
     sample_stamped,
-)  # fmt: skip
+)
 from grpo.step.staleness import sampling_version
 from grpo.step.timing import memory_metrics
 
 __all__ = ["ROLLOUT_WORKERS", "ProcessRolloutProducer", "RolloutProcessError"]
 
 POLL_SECONDS = 0.5  # how often a waiting side checks that the other is alive
+CLOSE_SECONDS = 60.0  # close(): how long the process may take to finish its batch
 
 
 class RolloutProcessError(RuntimeError):
@@ -78,8 +86,10 @@ class ProcessRolloutProducer(Producer):
         super().__init__(policy, reward_model, sampler, group_size, max_staleness, num_steps)
         self._context = multiprocessing.get_context("fork")
         self._process: Any = None
+        self._cond = threading.Condition()  # guards what the reading thread files
         self._batches: dict[int, StampedBatch] = {}
         self._error: BaseException | None = None
+        self._ended = False  # the pipe reached its end: the process is gone
 
     @property
     def running(self) -> bool:
@@ -97,15 +107,17 @@ class ProcessRolloutProducer(Producer):
         if drawn is not None and drawn["sampler"] is not None:
             self.sampler.load_state_dict(drawn["sampler"])
         self.first = step
-        self._resume.clear()
+        self._resume = {
+            step: drawn if drawn is not None else drawn_state(self.policy, self.sampler)
+        }
         self._batches.clear()
-        self._error = None
+        self._error, self._ended = None, False
         self._slots = [_shared_slot(self._params()) for _ in range(self.k + 1)]
         self._versions = self._context.Queue()  # trainer -> process: a version is in its slot
-        self._results = self._context.Queue()  # process -> trainer: (kind, step, payload)
         self._stopping = self._context.Event()
+        receiving, sending = self._context.Pipe(duplex=False)  # process -> trainer
         self._process = self._context.Process(
-            target=self._run, args=(os.getpid(), torch.get_num_threads(), drawn),
+            target=self._run, args=(os.getpid(), torch.get_num_threads(), drawn, receiving, sending),
             name="grpo-rollouts", daemon=True,
         )  # fmt: skip
         gc.freeze()  # the process's collections then leave the trainer's objects (and
@@ -113,6 +125,11 @@ class ProcessRolloutProducer(Producer):
             self._process.start()
         finally:
             gc.unfreeze()
+            sending.close()  # the process's end: with it gone, its death ends the pipe
+        self._reading = threading.Thread(
+            target=self._read, args=(receiving,), name="grpo-rollouts-pipe", daemon=True
+        )
+        self._reading.start()
 
     def publish(self, version: int) -> float:
         """Write the policy's weights now as `version` into its slot (after an update);
@@ -127,16 +144,32 @@ class ProcessRolloutProducer(Producer):
     def next_batch(self, step: int) -> tuple[StampedBatch, float]:
         """The batch of `step` and the seconds waited for it; a process error is re-raised."""
         begin = time.perf_counter()
-        self._receive(lambda: step in self._batches, f"step {step}'s batch")
-        return self._batches.pop(step), time.perf_counter() - begin
+        with self._cond:
+            while step not in self._batches:
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    self._process.join(timeout=5.0)
+                    raise RolloutProcessError(
+                        f"the rollout process (pid {self._process.pid}) exited with code "
+                        f"{self._process.exitcode} while the trainer waited for step {step}'s "
+                        "batch"
+                    )
+                self._cond.wait(POLL_SECONDS)
+            return self._batches.pop(step), time.perf_counter() - begin
 
     def resume_state(self, step: int) -> dict[str, Any] | None:
         """The prompt sampler's and the sampling seeds' state before the batch of `step` was
-        drawn (waiting for it while the process runs); None when it never started."""
-        if self._process is not None and self._error is None:
-            with contextlib.suppress(RolloutProcessError):  # ended: what it sent is all there is
-                self._receive(lambda: step in self._resume, f"the state before step {step}")
-        return self._resume.get(step)
+        drawn (sent with the batch before it); None when the process never started."""
+        with self._cond:
+            if not self._resume:
+                return None
+            if step not in self._resume:
+                raise RolloutProcessError(
+                    f"no state from before step {step}'s draw: the rollout process delivered "
+                    f"the batches up to step {max(self._resume) - 1}"
+                )
+            return self._resume[step]
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -144,22 +177,18 @@ class ProcessRolloutProducer(Producer):
         yield
 
     def close(self) -> None:
-        """Stop the process (after the batch it is sampling) and drop what it sent."""
+        """Stop the process (after the batch it is sampling) and drop what it sent ahead."""
         if self._process is None:
             return
         self._stopping.set()
         self._versions.put(None)  # wakes it if it waits for weights
-        deadline = time.monotonic() + 60.0
-        while self._process.is_alive() and time.monotonic() < deadline:
-            self._take(timeout=0.05)  # a full pipe would block its exit
+        self._process.join(timeout=CLOSE_SECONDS)
         if self._process.is_alive():
             self._process.kill()
-        self._process.join()
-        while self._take(timeout=0):  # states sent before it ended, for the checkpoint
-            pass
-        for channel in (self._versions, self._results):
-            channel.close()
-            channel.cancel_join_thread()
+            self._process.join()
+        self._reading.join()  # the pipe has ended with the process
+        self._versions.close()
+        self._versions.cancel_join_thread()
         self._process = None
         self._batches.clear()
         self._slots = []
@@ -167,42 +196,47 @@ class ProcessRolloutProducer(Producer):
     def _params(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p.detach()) for n, p in self.policy.get_parameters().items()]
 
-    def _receive(self, ready: Any, what: str) -> None:
-        """Take what the process sent until `ready()`; raise its error, or its death's."""
-        while not ready():
-            if self._error is not None:
-                raise self._error
-            if not self._take(timeout=POLL_SECONDS) and not self._process.is_alive():
-                self._error = RolloutProcessError(
-                    f"the rollout process (pid {self._process.pid}) exited with code "
-                    f"{self._process.exitcode} while the trainer waited for {what}"
-                )
-
-    def _take(self, timeout: float) -> bool:
-        """File one message from the process; False when none came within `timeout`."""
-        try:
-            kind, step, payload = pickle.loads(self._results.get(timeout=timeout))
-        except queue.Empty:
-            return False
-        if kind == "batch":
-            self._batches[step] = payload
-        elif kind == "drawn":
-            self._resume[step] = payload
-            self._resume.pop(step - self.k - 2, None)  # long trained on
-        else:
-            self._error = payload
-        return True
+    def _read(self, receiving: Any) -> None:
+        """The trainer's reading thread: file each message until the pipe ends."""
+        while True:
+            try:
+                kind, step, *payload = pickle.loads(receiving.recv_bytes())
+            except (EOFError, OSError):  # every sending end is closed: the process is gone
+                break
+            except Exception as err:  # a message that does not unpickle
+                kind, step, payload = "error", -1, [err]
+            with self._cond:
+                if kind == "batch":
+                    batch, after = payload
+                    self._batches[step] = batch
+                    self._resume[step + 1] = after  # the state before the next draw
+                    self._resume.pop(step - self.k - 2, None)  # long trained on
+                else:
+                    self._error = payload[0]
+                self._cond.notify_all()
+        receiving.close()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ the process
-    def _run(self, parent: int, threads: int, drawn: dict[str, Any] | None) -> None:
+    def _run(
+        self, parent: int, threads: int, drawn: dict[str, Any] | None, receiving: Any,
+        sending: Any,
+    ) -> None:  # fmt: skip
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+        receiving.close()  # with the trainer gone, a write then fails instead of blocking
         # GNU OpenMP is not fork-safe: the forked main thread still holds the parent's team
         # of worker threads, which do not exist here, and hangs in its first parallel
         # region. A new thread starts a team of its own.
-        worker = threading.Thread(target=self._sample, args=(parent, threads, drawn))
+        worker = threading.Thread(target=self._sample, args=(parent, threads, drawn, sending))
         worker.start()
         worker.join()
+        sending.close()
 
-    def _sample(self, parent: int, threads: int, drawn: dict[str, Any] | None) -> None:
+    def _sample(
+        self, parent: int, threads: int, drawn: dict[str, Any] | None, sending: Any
+    ) -> None:
         torch.set_num_threads(threads)  # the same split as the trainer's
         self._parent, self._loaded, self._published = parent, self.first, self.first
         if drawn is not None and drawn["policy_sampling"] is not None:
@@ -212,9 +246,8 @@ class ProcessRolloutProducer(Producer):
             for step in range(self.first, self.num_steps):
                 version = sampling_version(step, self.k, self.first)
                 wait = self._load(version)
-                self._send("drawn", step, drawn_state(self.policy, self.sampler))
                 if self._stopping.is_set():
-                    raise _Stop  # closed: the state before this draw is sent, nothing more
+                    return  # closed: nothing more is wanted
                 batch = sample_stamped(
                     self.policy, self.reward_model, next(self.sampler), self.G, step, version
                 )
@@ -223,18 +256,13 @@ class ProcessRolloutProducer(Producer):
                     key.replace("memory/", "memory/sampler/"): value  # count in both)
                     for key, value in memory_metrics().items()
                 })  # fmt: skip
-                self._send("batch", step, batch)
-            self._send("drawn", self.num_steps, drawn_state(self.policy, self.sampler))
-        except _Stop:
-            pass
+                after = drawn_state(self.policy, self.sampler)
+                _send(sending, ("batch", step, batch, after))
+        except (_Stop, BrokenPipeError):
+            pass  # closed, or the trainer is gone
         except BaseException as err:  # raised in the trainer at its next wait
-            self._send("error", step, _portable(err, step))
-        self._results.close()
-        self._results.join_thread()  # everything sent is in the pipe before the exit
-
-    def _send(self, kind: str, step: int, payload: Any) -> None:
-        """Pickled here by value (tensors too: nothing refers back to this process)."""
-        self._results.put(pickle.dumps((kind, step, payload), pickle.HIGHEST_PROTOCOL))
+            with contextlib.suppress(BrokenPipeError):
+                _send(sending, ("error", step, _portable(err, step)))
 
     def _load(self, version: int) -> float:
         """Make `version` the model's weights (waiting for it); returns the seconds waited."""
@@ -255,6 +283,12 @@ class ProcessRolloutProducer(Producer):
         copy_weights(self.policy.get_parameters(), self._slots[version % (self.k + 1)])
         self._loaded = version
         return waited
+
+
+def _send(sending: Any, message: tuple[Any, ...]) -> None:
+    """Pickled here by value (tensors too: nothing refers back to this process), written
+    before the caller goes on."""
+    sending.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
 
 def _shared_slot(params: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -279,10 +313,11 @@ def _portable(err: BaseException, step: int) -> BaseException:
     note = f"raised in the rollout process, sampling step {step}:\n" + "".join(
         traceback.format_exception(err)
     )
-    with contextlib.suppress(Exception):
-        err.add_note(note)
-        pickle.loads(pickle.dumps(err))  # some exceptions pickle but cannot be rebuilt
-        return err
+    if hasattr(err, "add_note"):  # Python >= 3.11
+        with contextlib.suppress(Exception):
+            err.add_note(note)
+            pickle.loads(pickle.dumps(err))  # some exceptions pickle but cannot be rebuilt
+            return err
     return RolloutProcessError(f"{type(err).__name__}: {err}\n{note}")
 
 

@@ -90,6 +90,11 @@ def build_loop(
             "run.rollout_worker=process with rollout.engine vllm_server: the servers already "
             "sample in processes of their own; allowed: rollout_worker thread"
         )
+    if worker == "process" and str(config.model.device).startswith("cuda"):
+        raise ConfigError(
+            f"run.rollout_worker=process with model.device {config.model.device}: CUDA cannot "
+            "be used in a forked process; allowed: rollout_worker thread"
+        )
     parts = build_parts(config)
     try:
         trainer = GRPOTrainer(

@@ -196,3 +196,22 @@ def test_in_process_vllm_with_overlap_is_refused_before_anything_loads():
     )
     with pytest.raises(ConfigError, match="run.max_staleness=1 with rollout.engine vllm:"):
         build_loop(config, lambda config: pytest.fail("the parts were built"))
+
+
+def _cache_on() -> bool:
+    from grpo.precision import compute_precision
+
+    with compute_precision("bf16-mixed", "cpu"):
+        return torch.is_autocast_cache_enabled()
+
+
+@pytest.mark.parametrize(("worker", "while_running"), [("thread", False), ("process", True)])
+def test_a_sampling_thread_runs_autocast_without_its_weight_cache(worker, while_running):
+    """grpo.precision: the weight cache, which a second thread's autocast disturbs, is off
+    for every bf16 forward from the sampling thread's start to its close, then on again; a
+    process (its own autocast state) leaves it on."""
+    assert _cache_on()
+    seen = []
+    _loop(1, worker=worker).train(after_step=lambda step: seen.append(_cache_on()))
+    assert seen == [while_running] * 6
+    assert _cache_on()

@@ -106,26 +106,38 @@ def test_a_process_that_dies_is_an_error_naming_its_exit_code_and_the_step_in_fl
         _FailingPolicy.how = "raise"
 
 
-def test_the_process_exits_when_the_trainer_is_killed(tmp_path):
-    """A trainer that dies without closing (os._exit) leaves a process waiting for weights:
-    it sees its parent gone and exits within seconds."""
+def test_the_process_ignores_ctrl_c_and_exits_when_the_trainer_is_killed(tmp_path):
+    """Ctrl-C (SIGINT) is the trainer's to handle: the process lives on. A trainer that then
+    dies without closing (os._exit) leaves a process with batches of over 64 KiB to send
+    (a pipe's buffer): it sees its parent gone, or its pipe broken, and exits within seconds."""
     script = textwrap.dedent(f"""
-        import os, sys
+        import os, signal, sys, time
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
-        from tests.run.test_overlap import Killed, _loop, kill_after_3
-        loop = _loop(1, num_steps=50, worker="process")
+        from toy_models import SequencePolicy
+        from tests.run.test_overlap import _loop
+
+        class Bulky(SequencePolicy):
+            @property
+            def rollout_metrics(self):  # about 400 kB pickled with every batch
+                return {{f"pad/{{i}}": float(i) for i in range(20000)}}
+
+        loop = _loop(1, num_steps=50, policy_class=Bulky, worker="process")
         loop.train_step()
-        print(loop.producer._process.pid, flush=True)
+        pid = loop.producer._process.pid
+        os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        print(pid, loop.producer._process.is_alive(), flush=True)
         os._exit(0)
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
-    pid = int(done.stdout.split()[-1])
+    out = tmp_path / "out.txt"
+    with open(out, "w", encoding="utf-8") as stdout:  # not a pipe the process would hold open
+        subprocess.run([sys.executable, "-c", script], stdout=stdout, timeout=120, check=True)
+    pid, alive_after_ctrl_c = out.read_text().split()
+    assert alive_after_ctrl_c == "True"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and _alive(int(pid)):
         time.sleep(0.1)
-    assert not _alive(pid)
+    assert not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -154,4 +166,10 @@ def test_settings_a_process_cannot_serve_are_refused_by_name():
          "rollout.server.urls=[http://127.0.0.1:9]"],
     )  # fmt: skip
     with pytest.raises(ConfigError, match="run.rollout_worker=process with rollout.engine"):
+        build_loop(config, lambda config: pytest.fail("the parts were built"))
+    config = load_config(
+        str(REPO / "configs" / "demo.yaml"),
+        ["run.max_staleness=1", "run.rollout_worker=process", "model.device=cuda"],
+    )
+    with pytest.raises(ConfigError, match="rollout_worker=process with model.device cuda"):
         build_loop(config, lambda config: pytest.fail("the parts were built"))

@@ -95,7 +95,7 @@ def stage_times(
 ) -> dict[str, float]:
     """One round: the overlapped loop, then the same steps replayed with each stage alone;
     seconds (medians, and the paired ratio)."""
-    from grpo.precision import set_weight_cache
+    from grpo.precision import hold_weight_cache_off, release_weight_cache
     from grpo.run.overlap import RolloutProducer
 
     loop, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/timing", workload)
@@ -110,11 +110,14 @@ def stage_times(
     # the replay: the same seed, the same schedule (step s samples with version s - 1), one
     # stage at a time; the sampler draws the same numbers, so the batches are the same. A
     # sampling thread runs autocast without its weight cache (grpo.precision): so does its replay
-    cache_before = set_weight_cache(type(loop.producer) is not RolloutProducer)
+    thread = type(loop.producer) is RolloutProducer
+    if thread:
+        hold_weight_cache_off()
     try:
         replay, sampler, train, same = _replay(steps, threads, loop.history, workload)
     finally:
-        set_weight_cache(cache_before)
+        if thread:
+            release_weight_cache()
     # overlapped, step s trains batch s while batch s + 1 is sampled: its slower stage alone
     # is max(train[s], sampler[s + 1]); the last step has no later batch
     measured = range(warmup, steps - 1)

@@ -18,8 +18,10 @@ running autocast too (a sampling thread scoring its batch), what the trainer's
 forward reuses from the cache was seen to change with the threads' timing:
 bf16-mixed runs with a sampling thread trained on other batches from one run to
 the next, and with the cache off they were the same (docs/async.md).
-`set_weight_cache(False)` turns it off for every `compute_precision` while such a
-thread runs.
+The cache is process-wide and any thread leaving its outermost autocast clears it,
+so the trainer's second use of a weight casts anew or reuses depending on when the
+other thread left. `hold_weight_cache_off()` turns it off for every
+`compute_precision` while such a thread runs, until its `release_weight_cache()`.
 
 `update_stall_share` estimates, for weights *stored* in bfloat16 or float16,
 the share whose value an optimizer step of size `lr` cannot change: a step
@@ -31,6 +33,7 @@ the weight (an Adam(W) step moves each weight by about `lr`).
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -44,7 +47,8 @@ __all__ = [
     "check_precision",
     "compute_dtype",
     "compute_precision",
-    "set_weight_cache",
+    "hold_weight_cache_off",
+    "release_weight_cache",
     "trained_and_peak_lr",
     "update_stall_share",
     "warn_if_updates_stall",
@@ -79,15 +83,24 @@ def check_precision(field: str, value: Any) -> str:
     return name
 
 
-_weight_cache = True  # autocast's cache of weight casts (off while a sampling thread runs)
+_cache_off_holds = 0  # sampling threads running now: autocast's weight cache is off while any
+_cache_lock = threading.Lock()
 
 
-def set_weight_cache(enabled: bool) -> bool:
-    """Turn autocast's weight-cast cache on or off for `compute_precision` in every thread
-    (see above); returns the setting it replaces."""
-    global _weight_cache
-    before, _weight_cache = _weight_cache, bool(enabled)
-    return before
+def hold_weight_cache_off() -> None:
+    """One more user (a sampling thread, from its start) needs autocast's weight-cast cache
+    off for `compute_precision` in every thread (see above)."""
+    global _cache_off_holds
+    with _cache_lock:
+        _cache_off_holds += 1
+
+
+def release_weight_cache(everything: bool = False) -> None:
+    """One user fewer (at its close), or none (`everything`: a forked process, where the
+    holders are not); the cache is on again once no one holds it off."""
+    global _cache_off_holds
+    with _cache_lock:
+        _cache_off_holds = 0 if everything else max(_cache_off_holds - 1, 0)
 
 
 def compute_precision(precision: str, device_type: str) -> contextlib.AbstractContextManager:
@@ -96,7 +109,7 @@ def compute_precision(precision: str, device_type: str) -> contextlib.AbstractCo
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=dtype, cache_enabled=_weight_cache)
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=_cache_off_holds == 0)
 
 
 def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:

@@ -84,3 +84,27 @@ def test_warning_names_the_numbers_and_the_key_and_stays_quiet_when_updates_land
         warnings.simplefilter("error")
         warn_if_updates_stall([w.float()], 1e-6)
         warn_if_updates_stall([w], 1e-3)
+
+
+def test_autocasts_weight_cache_is_off_while_any_sampling_thread_holds_it():
+    """Two holders whose lifetimes overlap: the cache stays off until the last releases it,
+    a release without a hold never turns it off again, and a forked process drops them all."""
+    from grpo.precision import compute_precision, hold_weight_cache_off, release_weight_cache
+
+    def cache_on() -> bool:
+        with compute_precision("bf16-mixed", "cpu"):
+            return torch.is_autocast_cache_enabled()
+
+    assert cache_on()
+    hold_weight_cache_off()
+    hold_weight_cache_off()
+    release_weight_cache()
+    assert not cache_on()  # the second holder still runs
+    release_weight_cache()
+    assert cache_on()
+    release_weight_cache()
+    assert cache_on()
+    hold_weight_cache_off()
+    hold_weight_cache_off()
+    release_weight_cache(everything=True)
+    assert cache_on()

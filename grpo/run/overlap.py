@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from grpo.precision import set_weight_cache
+from grpo.precision import hold_weight_cache_off, release_weight_cache
 from grpo.protocols import hook
 from grpo.records import Rollout
 from grpo.step.collect import sample_rollout, score_old_logprobs
@@ -150,7 +150,7 @@ class RolloutProducer(Producer):
                 self.sampler.load_state_dict(drawn["sampler"])
             if drawn["policy_sampling"] is not None:
                 self._copy.load_sampling_state(drawn["policy_sampling"])
-        self._cache_before = set_weight_cache(False)  # grpo.precision: shared by the threads
+        hold_weight_cache_off()  # grpo.precision: autocast's cache is shared by the threads
         self._thread = threading.Thread(target=self._run, name="grpo-rollouts", daemon=True)
         self._thread.start()
 
@@ -203,7 +203,7 @@ class RolloutProducer(Producer):
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)  # unblock a producer waiting to put
         self._thread = None
-        set_weight_cache(self._cache_before)
+        release_weight_cache()
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:

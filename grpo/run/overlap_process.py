@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from grpo.precision import release_weight_cache
 from grpo.run.overlap import (
     Producer,
     RolloutProducer,
@@ -64,7 +65,7 @@ from grpo.step.timing import memory_metrics
 __all__ = ["ROLLOUT_WORKERS", "ProcessRolloutProducer", "RolloutProcessError"]
 
 POLL_SECONDS = 0.5  # how often a waiting side checks that the other is alive
-CLOSE_SECONDS = 60.0  # close(): how long the process may take to finish its batch
+CLOSE_SECONDS = 2.0  # close(): how long the process may take to stop before it is killed
 
 
 class RolloutProcessError(RuntimeError):
@@ -116,16 +117,20 @@ class ProcessRolloutProducer(Producer):
         self._versions = self._context.Queue()  # trainer -> process: a version is in its slot
         self._stopping = self._context.Event()
         receiving, sending = self._context.Pipe(duplex=False)  # process -> trainer
-        self._process = self._context.Process(
+        process = self._context.Process(
             target=self._run, args=(os.getpid(), torch.get_num_threads(), drawn, receiving, sending),
             name="grpo-rollouts", daemon=True,
         )  # fmt: skip
         gc.freeze()  # the process's collections then leave the trainer's objects (and
         try:  # their pages, shared until written) alone
-            self._process.start()
+            process.start()
+        except BaseException:
+            receiving.close()
+            raise
         finally:
             gc.unfreeze()
             sending.close()  # the process's end: with it gone, its death ends the pipe
+        self._process = process
         self._reading = threading.Thread(
             target=self._read, args=(receiving,), name="grpo-rollouts-pipe", daemon=True
         )
@@ -144,11 +149,15 @@ class ProcessRolloutProducer(Producer):
     def next_batch(self, step: int) -> tuple[StampedBatch, float]:
         """The batch of `step` and the seconds waited for it; a process error is re-raised."""
         begin = time.perf_counter()
+        dead_since = None
         with self._cond:
             while step not in self._batches:
                 if self._error is not None:
                     raise self._error
-                if self._ended:
+                if dead_since is None and not self._process.is_alive():
+                    dead_since = time.monotonic()  # its last bytes may still be in the pipe
+                # the pipe's end, or (where something it started holds its end open) its death
+                if self._ended or (dead_since and time.monotonic() - dead_since > 2.0):
                     self._process.join(timeout=5.0)
                     raise RolloutProcessError(
                         f"the rollout process (pid {self._process.pid}) exited with code "
@@ -177,16 +186,17 @@ class ProcessRolloutProducer(Producer):
         yield
 
     def close(self) -> None:
-        """Stop the process (after the batch it is sampling) and drop what it sent ahead."""
+        """Stop the process (killed if it does not stop within `CLOSE_SECONDS`: a batch
+        it is sampling is not wanted) and drop what it sent ahead."""
         if self._process is None:
             return
         self._stopping.set()
         self._versions.put(None)  # wakes it if it waits for weights
-        self._process.join(timeout=CLOSE_SECONDS)
-        if self._process.is_alive():
+        self._process.join(timeout=CLOSE_SECONDS)  # every state a checkpoint needs came with
+        if self._process.is_alive():  # a batch already delivered: the one in hand can go
             self._process.kill()
             self._process.join()
-        self._reading.join()  # the pipe has ended with the process
+        self._reading.join(timeout=5.0)  # the pipe has ended with the process
         self._versions.close()
         self._versions.cancel_join_thread()
         self._process = None
@@ -237,12 +247,13 @@ class ProcessRolloutProducer(Producer):
     def _sample(
         self, parent: int, threads: int, drawn: dict[str, Any] | None, sending: Any
     ) -> None:
-        torch.set_num_threads(threads)  # the same split as the trainer's
         self._parent, self._loaded, self._published = parent, self.first, self.first
-        if drawn is not None and drawn["policy_sampling"] is not None:
-            self.policy.load_sampling_state(drawn["policy_sampling"])
         step = self.first
         try:
+            torch.set_num_threads(threads)  # the same split as the trainer's
+            release_weight_cache(everything=True)  # no sampling thread beside this one here
+            if drawn is not None and drawn["policy_sampling"] is not None:
+                self.policy.load_sampling_state(drawn["policy_sampling"])
             for step in range(self.first, self.num_steps):
                 version = sampling_version(step, self.k, self.first)
                 wait = self._load(version)

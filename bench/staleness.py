@@ -148,7 +148,7 @@ def _replay(
 ) -> tuple[Any, list[float], list[float], int]:
     """The overlapped run's steps again from the same seed, one stage at a time: the loop,
     each step's sampler and trainer seconds, and how many steps sampled the run's batches."""
-    from grpo.run.overlap import sample_stamped
+    from grpo.run.overlap import copy_weights, sample_stamped
     from grpo.step.staleness import sampling_version
 
     replay, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/replay", workload)
@@ -158,7 +158,8 @@ def _replay(
     sampler, train, same = [], [], steps
     for step in range(steps):
         version = sampling_version(step, 1, 0)
-        _load(sampler_copy, versions.pop(version, None))
+        if version in versions:  # the version step s samples with: loaded once
+            copy_weights(sampler_copy.get_parameters(), versions.pop(version))
         begin = time.perf_counter()
         batch = sample_stamped(sampler_copy, trainer.reward_model, next(replay.sampler), G,
                                step, version)  # fmt: skip
@@ -176,15 +177,6 @@ def _replay(
 
 def _weights(policy: Any) -> dict[str, Any]:
     return {n: p.detach().clone() for n, p in policy.get_parameters().items()}
-
-
-def _load(policy: Any, weights: dict[str, Any] | None) -> None:
-    import torch
-
-    if weights is not None:
-        with torch.no_grad():
-            for name, p in policy.get_parameters().items():
-                p.copy_(weights[name])
 
 
 def main() -> None:

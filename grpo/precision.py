@@ -13,15 +13,13 @@ advantages, KL) is float32 as without it.
 Autocast keeps a cache of each weight's low-precision cast while a forward runs,
 so a weight used twice (a prompt's forward shared by its group's completions)
 is cast once and its two gradients meet in the low dtype; without the cache each
-use casts its own copy and the gradients meet in float32. With a second thread
-running autocast too (a sampling thread scoring its batch), what the trainer's
-forward reuses from the cache was seen to change with the threads' timing:
-bf16-mixed runs with a sampling thread trained on other batches from one run to
-the next, and with the cache off they were the same (docs/async.md).
-The cache is process-wide and any thread leaving its outermost autocast clears it,
-so the trainer's second use of a weight casts anew or reuses depending on when the
-other thread left. `hold_weight_cache_off()` turns it off for every
-`compute_precision` while such a thread runs, until its `release_weight_cache()`.
+use casts its own copy and the gradients meet in float32. The cache is
+process-wide, and any thread leaving its outermost autocast clears it: with a
+sampling thread beside the trainer, the trainer's second use of a weight cast
+anew or reused depending on when that thread left, and bf16-mixed runs trained
+on other batches from one run to the next (docs/async.md).
+`hold_weight_cache_off()` turns the cache off for every `compute_precision` while
+such a thread runs, until its `release_weight_cache()`.
 
 `update_stall_share` estimates, for weights *stored* in bfloat16 or float16,
 the share whose value an optimizer step of size `lr` cannot change: a step

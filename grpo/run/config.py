@@ -32,6 +32,7 @@ from grpo.lm.loading import DTYPES, LoraSettings
 from grpo.lm.policy import CausalLMSettings
 from grpo.run.evaluation import EvalConfig
 from grpo.run.loop import ScheduleConfig, check_int
+from grpo.run.overlap_process import check_rollout_worker
 
 __all__ = [
     "ModelConfig",
@@ -183,8 +184,8 @@ class RunSettings:
     """Overlapped rollouts: 0 = every step samples, then updates; k >= 1 = a thread (or a
     process: `rollout_worker`) samples the batches of later steps while the trainer
     updates, each with weights at most k updates old, trained on with the decoupled
-    objective (docs/async.md). Each stage
-    computes with `threads` torch threads: give the two together at most the cores.
+    objective (docs/async.md). Each stage computes with `threads` torch threads: give
+    the two together at most the cores.
     On the demo, k = 1 ended within the synchronous runs' spread at 300 steps (2.3 points
     lower over six seeds) and k = 2 collapsed once in three (docs/async.md)."""
     rollout_worker: str = "thread"
@@ -200,10 +201,7 @@ class RunSettings:
         if self.threads is not None:
             check_int("run", "threads", self.threads)
         check_int("run", "max_staleness", self.max_staleness, minimum=0)
-        if self.rollout_worker not in ("thread", "process"):
-            raise ValueError(
-                f"run.rollout_worker: got {self.rollout_worker!r}; allowed: thread, process"
-            )
+        check_rollout_worker(self.rollout_worker)
 
 
 TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "entropy_coeff": 0.0}

@@ -38,7 +38,7 @@ import torch
 from grpo import distributed
 from grpo.protocols import hook
 from grpo.run.overlap import check_overlap, overlapped_step
-from grpo.run.overlap_process import ROLLOUT_WORKERS
+from grpo.run.overlap_process import ROLLOUT_WORKERS, check_rollout_worker
 from grpo.step.trainer import GRPOTrainer
 
 __all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
@@ -199,10 +199,7 @@ class TrainingLoop:
         check_overlap(trainer, max_staleness, distributed.world_size())
         self.producer = None  # no thread at all with max_staleness 0
         if max_staleness:
-            if rollout_worker not in ROLLOUT_WORKERS:
-                raise ValueError(
-                    f"run.rollout_worker: got {rollout_worker!r}; allowed: thread, process"
-                )
+            check_rollout_worker(rollout_worker)
             self.producer = ROLLOUT_WORKERS[rollout_worker](
                 trainer.policy, trainer.reward_model, sampler, trainer.config.group_size,
                 max_staleness, schedule.num_steps,

@@ -62,10 +62,13 @@ from grpo.run.overlap import (
 from grpo.step.staleness import sampling_version
 from grpo.step.timing import memory_metrics
 
-__all__ = ["ROLLOUT_WORKERS", "ProcessRolloutProducer", "RolloutProcessError"]
+__all__ = [
+    "ROLLOUT_WORKERS", "ProcessRolloutProducer", "RolloutProcessError", "check_rollout_worker",
+]  # fmt: skip
 
 POLL_SECONDS = 0.5  # how often a waiting side checks that the other is alive
 CLOSE_SECONDS = 2.0  # close(): how long the process may take to stop before it is killed
+DEAD_SECONDS = 2.0  # a dead process whose pipe has not ended (something it started holds it)
 
 
 class RolloutProcessError(RuntimeError):
@@ -149,15 +152,15 @@ class ProcessRolloutProducer(Producer):
     def next_batch(self, step: int) -> tuple[StampedBatch, float]:
         """The batch of `step` and the seconds waited for it; a process error is re-raised."""
         begin = time.perf_counter()
-        dead_since = None
+        dead_since: float | None = None
         with self._cond:
             while step not in self._batches:
                 if self._error is not None:
                     raise self._error
                 if dead_since is None and not self._process.is_alive():
                     dead_since = time.monotonic()  # its last bytes may still be in the pipe
-                # the pipe's end, or (where something it started holds its end open) its death
-                if self._ended or (dead_since and time.monotonic() - dead_since > 2.0):
+                dead = dead_since is not None and time.monotonic() - dead_since > DEAD_SECONDS
+                if self._ended or dead:
                     self._process.join(timeout=5.0)
                     raise RolloutProcessError(
                         f"the rollout process (pid {self._process.pid}) exited with code "
@@ -334,3 +337,10 @@ def _portable(err: BaseException, step: int) -> BaseException:
 
 ROLLOUT_WORKERS = {"thread": RolloutProducer, "process": ProcessRolloutProducer}
 """`run.rollout_worker`: where the producer of an overlapped run samples."""
+
+
+def check_rollout_worker(name: Any) -> None:
+    """Raise a ValueError naming `run.rollout_worker` unless `name` is in the table."""
+    if name not in ROLLOUT_WORKERS:
+        allowed = ", ".join(ROLLOUT_WORKERS)
+        raise ValueError(f"run.rollout_worker: got {name!r}; allowed: {allowed}")

@@ -24,7 +24,7 @@ from grpo.functional.losses import (
     policy_loss,
 )
 from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
-from grpo.functional.sampling import choose_tokens, filter_logits
+from grpo.functional.sampling import choose_tokens, draw_indices, filter_logits
 
 __all__ = [
     "AGGREGATIONS",
@@ -38,6 +38,7 @@ __all__ = [
     "aggregate",
     "choose_tokens",
     "completion_logprobs",
+    "draw_indices",
     "entropy_from_logits",
     "filter_logits",
     "group_advantages",

@@ -11,9 +11,12 @@ tokens whose probability reaches p).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["choose_tokens", "filter_logits", "sampled_logprobs"]
+__all__ = ["choose_tokens", "draw_indices", "filter_logits", "sampled_logprobs"]
+
+DRAW_BLOCK = 256  # entries per block in draw_indices' first stage
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -43,7 +46,35 @@ def choose_tokens(
     if not do_sample:
         return logits.argmax(-1)  # (n,)
     probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)  # (n, V)
-    return torch.multinomial(probs, 1).squeeze(-1)  # (n,)
+    return draw_indices(probs)  # (n,)
+
+
+def draw_indices(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One index per row, index v with probability probs[v] / sum(probs): (n, V) -> (n,).
+
+    Inverse-CDF sampling in two stages, each one uniform located among running sums in
+    float64: first a block of `DRAW_BLOCK` entries by the blocks' masses, then an entry
+    within the block. Every probability keeps its relative precision (a float32 running sum
+    over the whole row would round small ones to multiples of 6e-8), and an entry of
+    probability 0 owns an empty interval and is never drawn. `torch.multinomial` gives the
+    same distribution but draws one exponential per entry: at n = 32, V = 49152 it took 65 ms
+    on 2 CPU cores, once per generated token (bench/token_draw.py, docs/performance.md).
+    """
+    n, V = probs.shape
+    blocks = F.pad(probs, (0, -V % DRAW_BLOCK)).reshape(n, -1, DRAW_BLOCK)  # (n, K, block)
+    block = _locate(blocks.sum(-1, dtype=torch.float64), generator)  # (n,)
+    rows = torch.arange(n, device=probs.device)
+    within = _locate(blocks[rows, block].double(), generator)  # (n,)
+    return block * DRAW_BLOCK + within  # (n,)
+
+
+def _locate(weights: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Index k with probability weights[k] / sum(weights), float64 (n, K) -> (n,)."""
+    running = weights.cumsum(-1)  # (n, K)
+    total = running[:, -1:]  # (n, 1)
+    u = torch.rand(total.shape, dtype=total.dtype, device=total.device, generator=generator)
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return torch.searchsorted(running, point, right=True).squeeze(-1)  # (n,)
 
 
 def sampled_logprobs(

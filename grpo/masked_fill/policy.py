@@ -49,7 +49,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.functional import entropy_from_logits, filter_logits, selective_log_softmax
+from grpo.functional import (
+    draw_indices,
+    entropy_from_logits,
+    filter_logits,
+    selective_log_softmax,
+)
 from grpo.precision import check_precision, compute_precision
 from grpo.protocols import TokenLogProbs
 
@@ -251,7 +256,7 @@ class MaskedFillPolicy:
         masked = self._masked_logits(logits, completion_mask)  # (M, V)
         # nucleus truncation as every engine applies it (Holtzman et al. 2020)
         probs = filter_logits(masked / self.config.temperature, top_p=self.config.top_p).softmax(-1)
-        tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (M,)
+        tokens = draw_indices(probs, self.generator)  # (M,)
         actions = ids.clone()
         actions[completion_mask] = tokens  # unmasked positions are copied through
         return actions.cpu()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from grpo.functional.sampling import choose_tokens, filter_logits
+from grpo.functional.sampling import choose_tokens, draw_indices, filter_logits
 
 NEG = float("-inf")
 
@@ -53,3 +53,45 @@ def test_choose_tokens_greedy_and_sampled_frequencies():
     freq = torch.bincount(draws, minlength=4).double() / draws.numel()
     want = torch.tensor([0.0, 1.0, 0.5, NEG]).softmax(-1).double()
     assert freq[3] == 0 and torch.allclose(freq, want, atol=0.01)
+
+
+def test_draw_indices_frequencies_match_a_peaked_distribution():
+    """Each index is drawn at its probability: a large vocabulary, most mass on a few tokens,
+    unnormalised rows (the sum is the row's own), chi-square against the exact rates."""
+    V, n = 5000, 60000
+    logits = torch.full((V,), -30.0)
+    logits[[7, 1234, 4999]] = torch.tensor([1.0, 0.0, -1.0])
+    probs = logits.softmax(-1) * 3.0  # rows need not sum to one
+    draws = draw_indices(probs.expand(n, V), torch.Generator().manual_seed(0))
+    want = probs.double() / probs.double().sum()  # (V,)
+    counts = torch.bincount(draws, minlength=V).double()
+    top = [7, 1234, 4999]
+    expected = want[top] * n
+    chi2 = float(((counts[top] - expected) ** 2 / expected).sum())
+    assert chi2 < 13.8  # 3 cells, 2 degrees of freedom: p = 0.001
+    assert counts.sum() - counts[top].sum() < 20  # the rest holds about 3e-9 of the mass
+
+
+def test_draw_indices_never_draws_a_zero_probability_index(monkeypatch):
+    """Zero entries own empty intervals, at both ends of a row and between kept ones, even
+    when the uniform times the row's total rounds up to the total itself."""
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.8, 0.0, 0.0]]).expand(20000, 6)
+    draws = draw_indices(probs, torch.Generator().manual_seed(1))
+    assert set(draws.tolist()) == {1, 3}
+    for uniform, want in ((1.0, 3), (0.0, 1)):  # 1.0: the product's rounding at its worst
+        monkeypatch.setattr(
+            torch, "rand", lambda shape, uniform=uniform, **_: torch.full(shape, uniform).double()
+        )
+        assert draw_indices(probs[:2]).tolist() == [want, want]
+
+
+def test_draw_indices_repeats_with_a_seeded_generator():
+    """Draws come from the generator given (the masked fill-in policy's own), else the global one."""
+    probs = torch.rand(8, 100)
+    one = draw_indices(probs, torch.Generator().manual_seed(3))
+    two = draw_indices(probs, torch.Generator().manual_seed(3))
+    assert torch.equal(one, two)
+    torch.manual_seed(4)
+    three = draw_indices(probs)
+    torch.manual_seed(4)
+    assert torch.equal(draw_indices(probs), three)

@@ -57,12 +57,21 @@ def draw_indices(probs: Tensor, generator: torch.Generator | None = None) -> Ten
     within the block. Every probability keeps its relative precision (a float32 running sum
     over the whole row would round small ones to multiples of 6e-8), and an entry of
     probability 0 owns an empty interval and is never drawn. `torch.multinomial` gives the
-    same distribution but draws one exponential per entry: at n = 32, V = 49152 it took 65 ms
+    same distribution but draws one exponential per entry: at n = 32, V = 49152 it took 60 ms
     on 2 CPU cores, once per generated token (bench/token_draw.py, docs/performance.md).
+    A row whose sum is not finite and positive (nan, inf, all zero) raises ValueError.
     """
     n, V = probs.shape
     blocks = F.pad(probs, (0, -V % DRAW_BLOCK)).reshape(n, -1, DRAW_BLOCK)  # (n, K, block)
-    block = _locate(blocks.sum(-1, dtype=torch.float64), generator)  # (n,)
+    masses = blocks.sum(-1, dtype=torch.float64)  # (n, K)
+    totals = masses.sum(-1)  # (n,)
+    drawable = torch.isfinite(totals) & (totals > 0)  # (n,)
+    if not bool(drawable.all()):
+        bad = int((~drawable).nonzero()[0])
+        raise ValueError(
+            f"draw_indices: row {bad} sums to {float(totals[bad])}; allowed: finite > 0"
+        )
+    block = _locate(masses, generator)  # (n,)
     rows = torch.arange(n, device=probs.device)
     within = _locate(blocks[rows, block].double(), generator)  # (n,)
     return block * DRAW_BLOCK + within  # (n,)

@@ -95,3 +95,13 @@ def test_draw_indices_repeats_with_a_seeded_generator():
     three = draw_indices(probs)
     torch.manual_seed(4)
     assert torch.equal(draw_indices(probs), three)
+
+
+def test_draw_indices_names_a_row_that_cannot_be_drawn_from():
+    """A row of zeros, a nan or an inf is refused with the row's index, not drawn from."""
+    for bad in (0.0, float("nan"), float("inf")):
+        probs = torch.ones(3, 300)
+        probs[1] = 0.0 if bad == 0.0 else probs[1]
+        probs[1, 5] = bad
+        with pytest.raises(ValueError, match="row 1 sums to"):
+            draw_indices(probs)

@@ -62,7 +62,9 @@ def draw_indices(probs: Tensor, generator: torch.Generator | None = None) -> Ten
     A row whose sum is not finite and positive (nan, inf, all zero) raises ValueError.
     """
     n, V = probs.shape
-    blocks = F.pad(probs, (0, -V % DRAW_BLOCK)).reshape(n, -1, DRAW_BLOCK)  # (n, K, block)
+    if V % DRAW_BLOCK:  # zeros to a whole block; F.pad would copy the row even to add none
+        probs = F.pad(probs, (0, -V % DRAW_BLOCK))  # (n, K * block)
+    blocks = probs.reshape(n, -1, DRAW_BLOCK)  # (n, K, block)
     masses = blocks.sum(-1, dtype=torch.float64)  # (n, K)
     totals = masses.sum(-1)  # (n,)
     drawable = torch.isfinite(totals) & (totals > 0)  # (n,)

@@ -57,7 +57,7 @@ def draw_indices(probs: Tensor, generator: torch.Generator | None = None) -> Ten
     within the block. Every probability keeps its relative precision (a float32 running sum
     over the whole row would round small ones to multiples of 6e-8), and an entry of
     probability 0 owns an empty interval and is never drawn. `torch.multinomial` gives the
-    same distribution but draws one exponential per entry: at n = 32, V = 49152 it took 60 ms
+    same distribution but draws one exponential per entry: at n = 32, V = 49152 it took 44-60 ms
     on 2 CPU cores, once per generated token (bench/token_draw.py, docs/performance.md).
     A row whose sum is not finite and positive (nan, inf, all zero) raises ValueError.
     """

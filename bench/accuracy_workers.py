@@ -83,6 +83,16 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     return points
 
 
+def trl_scale(g: Any) -> str:
+    """TRL's `scale_rewards` for grpo's advantages: the same group-mean baseline and divisor."""
+    if g.advantage_baseline != "mean" or g.advantage_positive_only:
+        raise ValueError(
+            f"grpo.advantage_baseline={g.advantage_baseline!r}, advantage_positive_only="
+            f"{g.advantage_positive_only}: TRL has only the group-mean baseline, both sides"
+        )
+    return g.advantage_scale  # "group", "batch" or "none": TRL 1.16's names for the same divisors
+
+
 def trl_config(config: Any, seed: int, out: Path) -> Any:
     """TRL's GRPOConfig for the run grpo's `config` describes."""
     from trl import GRPOConfig
@@ -105,7 +115,7 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
         fp16=False, use_vllm=False,
         report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",
-        scale_rewards="group", mask_truncated_completions=False, log_completions=False,
+        scale_rewards=trl_scale(g), mask_truncated_completions=False, log_completions=False,
         gradient_checkpointing=config.policy.gradient_checkpointing,  # TRL's default is True
     )  # fmt: skip
 

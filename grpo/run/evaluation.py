@@ -14,6 +14,12 @@ as `kl/mean` in training) over their tokens. On sampled completions this is an
 estimate of KL(π‖π_ref) at the evaluation's sampling settings; on greedy ones
 it measures how far the two disagree along the greedy path, not an expectation.
 
+Evaluation leaves training's randomness as it found it: the policy's sampling
+state (`sampling_state`, when it has one) and the global torch RNG are restored
+afterwards, so a run trains the same with evaluations or without them. The
+sampled mode draws from the position the next training rollout then draws from
+again, on other prompts.
+
 Returns flat scalar metrics under "eval/<mode>/..." and a few samples (prompt,
 completion, reward) for the log.
 """
@@ -28,7 +34,7 @@ import torch
 
 from grpo.functional.kl import kl_estimate
 from grpo.rewards.combine import TextReward
-from grpo.run.loop import check_int
+from grpo.run.loop import check_int, randomness_kept
 from grpo.step.objective import policy_logprobs
 
 __all__ = ["MODES", "EvalConfig", "evaluate"]
@@ -98,7 +104,8 @@ def evaluate(
     samples: list[dict[str, Any]] = []
     for mode in modes:
         k = 1 if mode == "greedy" else samples_per_prompt
-        states, actions = _generate(policy, prompts, k, batch_size, MODES[mode])
+        with randomness_kept(policy):
+            states, actions = _generate(policy, prompts, k, batch_size, MODES[mode])
         rewards, _ = reward.score(states, actions)  # (n,)
         prefix = f"eval/{mode}"
         metrics[f"{prefix}/reward_mean"] = rewards.double().mean().item()

@@ -21,6 +21,8 @@ Choices:
   scalar sinks skip. The sinks also get "time/eval", its wall time, which
   `evaluations` (and so checkpoints and summaries) leave out: a wall time is
   never the same twice, and a summary compares runs.
+- Evaluations leave training's randomness as they found it (`randomness_kept`):
+  a run samples and trains the same with evaluations or without them.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from grpo.run.overlap import check_overlap, overlapped_step
 from grpo.run.overlap_process import ROLLOUT_WORKERS, check_rollout_worker
 from grpo.step.trainer import GRPOTrainer
 
-__all__ = ["SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer"]
+__all__ = [
+    "SCHEDULERS", "ScheduleConfig", "StateSampler", "TrainingLoop", "make_optimizer", "randomness_kept",
+]
 
 # our schedule names -> transformers.get_scheduler names (all take a warm-up)
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
@@ -278,7 +282,7 @@ class TrainingLoop:
             return {}
         start = time.perf_counter()
         paused = self.producer.paused() if self.producer is not None else contextlib.nullcontext()
-        with paused:  # sampling seeds itself through torch's global generator
+        with paused, randomness_kept(self.trainer.policy):
             metrics, samples = self.evaluator()
         record = {**metrics, "eval/samples": samples}
         self.evaluations.append({"step": self.step, **record})
@@ -320,3 +324,18 @@ class TrainingLoop:
         self.scheduler.load_state_dict(state["scheduler"])
         if state["policy_sampling"] is not None:
             self.trainer.policy.load_sampling_state(state["policy_sampling"])
+
+
+@contextlib.contextmanager
+def randomness_kept(policy: Any) -> Iterator[None]:
+    """Run the body, then put the policy's sampling state and the global torch RNG (CPU, and
+    the current CUDA device's) back as they were."""
+    get_state = hook(policy, "sampling_state")
+    state = get_state() if get_state is not None else None
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            if get_state is not None:
+                policy.load_sampling_state(state)

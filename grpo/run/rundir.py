@@ -36,7 +36,7 @@ import torch
 from grpo.checkpoint import atomic_save, atomic_write, fsync_dir
 from grpo.run.metrics import scalar_metrics
 
-__all__ = ["CHECKPOINT_FORMAT", "RunDirectory", "SamplesLogger", "truncate_jsonl"]
+__all__ = ["CHECKPOINT_FORMAT", "RunDirectory", "SamplesLogger", "read_checkpoint", "truncate_jsonl"]
 
 CHECKPOINT_FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -196,3 +196,16 @@ class RunDirectory:
         text = json.dumps(summary, indent=2, sort_keys=True) + "\n"
         atomic_write(self.summary, lambda f: f.write(text.encode("utf-8")))
         return summary
+
+
+def read_checkpoint(folder: str | Path) -> dict[str, Any]:
+    """The state in checkpoint folder RUN_DIR/checkpoints/step-N, verified against its manifest;
+    ValueError naming the folder when it is not one or is incomplete or corrupt."""
+    folder = Path(folder)
+    step = _STEP_DIR.match(folder.name)
+    if step is None or folder.parent.name != "checkpoints":
+        raise ValueError(f"{str(folder)!r} is not a checkpoint folder (RUN_DIR/checkpoints/step-N)")
+    problem = RunDirectory(folder.parent.parent).verify(int(step.group(1)))
+    if problem is not None:
+        raise ValueError(f"checkpoint {str(folder)!r} is {problem}")
+    return torch.load(folder / "state.pt", map_location="cpu", weights_only=True)

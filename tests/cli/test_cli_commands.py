@@ -95,3 +95,30 @@ def test_eval_of_a_missing_model_is_one_clear_line(tmp_path, capsys):
     """--model pointing nowhere is rejected as a config error naming model.path."""
     assert main(["eval", write(tmp_path), "--model", str(tmp_path / "none")]) == 2
     assert "model.path" in capsys.readouterr().err
+
+
+def test_eval_of_a_checkpoint_reproduces_the_evaluation_logged_at_its_step(tmp_path, capsys):
+    """`grpo eval --model RUN_DIR/checkpoints/step-N` prints the held-out metrics the run logged
+    at step N; a corrupt checkpoint is one line naming it."""
+    import json
+
+    run = tmp_path / "run"
+    text = TINY.replace("num_steps: 1", "num_steps: 2, learning_rate: 0.05")
+    text = text.replace("run: {threads: 1}", f"run: {{threads: 1, dir: {run}, checkpoint_every: 1}}")
+    path = write(tmp_path, text.replace("evaluation: {modes: [greedy]}",
+                                        "evaluation: {modes: [greedy], every: 1}"))  # fmt: skip
+    assert main(["train", path]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = {row["step"]: row for row in rows if "eval/greedy/reward_mean" in row}
+    assert logged[1]["eval/greedy/reward_mean"] != logged[0]["eval/greedy/reward_mean"]
+    capsys.readouterr()
+    assert main(["eval", path, "--model", str(run / "checkpoints" / "step-000001")]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("eval/greedy/"))  # fmt: skip
+    assert printed["eval/greedy/reward_mean"] == f"{logged[1]['eval/greedy/reward_mean']:.4f}"
+    assert printed["eval/greedy/accuracy"] == f"{logged[1]['eval/greedy/accuracy']:.4f}"
+    state = run / "checkpoints" / "step-000002" / "state.pt"
+    state.write_bytes(state.read_bytes()[:-10])
+    assert main(["eval", path, "--model", str(state.parent)]) == 2
+    err = capsys.readouterr().err
+    assert "step-000002" in err and "corrupt" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_models import load_tiny_causal_lm
 
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
@@ -138,3 +139,23 @@ def test_reference_kl_is_zero_for_the_starting_model_and_a_masked_token_mean(pol
     assert expected != 0.0 and mask.sum() > 3
     assert found[1] == pytest.approx(expected, rel=1e-5)
     assert found[3] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, None])
+def test_evaluation_leaves_the_training_sampling_stream_as_it_was(tiny_lm_dir, seed):
+    """Rollouts after an evaluation (greedy and sampled) draw what they draw without it, whether
+    sampling is seeded per call (seed 0) or draws from the global RNG (seed None)."""
+
+    def rollouts(evaluate_between: bool) -> list[list[int]]:
+        model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+        generation = GenerationSettings(max_new_tokens=6, seed=seed)
+        policy = CausalLMPolicy(model, tokenizer, CausalLMSettings(generation))
+        torch.manual_seed(1)
+        drawn = [c.completion_ids for c in policy.generate_actions(PROMPTS, 4)[0]]
+        if evaluate_between:
+            evaluate(policy, PROMPTS, TextReward([length]), samples_per_prompt=3)
+        return drawn + [c.completion_ids for c in policy.generate_actions(PROMPTS, 4)[0]]
+
+    plain = rollouts(False)
+    assert plain[:4] != plain[4:]  # the two rollouts differ: the second is not a replay
+    assert rollouts(True) == plain

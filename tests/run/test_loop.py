@@ -118,6 +118,21 @@ def test_resumed_loop_ends_bitwise_where_the_uninterrupted_one_does(tmp_path):
     assert resumed.scheduler.get_last_lr() == straight.scheduler.get_last_lr()
 
 
+def test_evaluations_leave_the_run_as_it_would_be_without_them():
+    """An evaluator that samples from the policy (torch's global RNG) after every step changes
+    neither the trained parameters nor a logged metric."""
+    plain = _loop(4, eval_every=0)
+    plain.evaluator = None
+    plain.train()
+    evaluated = _loop(4, eval_every=1)
+    policy = evaluated.trainer.policy
+    evaluated.evaluator = lambda: ({"eval/n": len(policy.generate_actions([0, 1, 2], 4))}, [])
+    evaluated.train()
+    assert [e["step"] for e in evaluated.evaluations] == [0, 1, 2, 3, 4]
+    assert torch.equal(policy.logits, plain.trainer.policy.logits)
+    assert _without_timing(evaluated.history) == _without_timing(plain.history)
+
+
 def test_lr_warms_up_then_decays_and_metrics_reach_the_sink():
     """Step s runs at the scheduled rate; every step and evaluation record reaches the sink once."""
     records = []

@@ -7,7 +7,9 @@ Training seconds are the sum of `time/step` (sampling, rewards, loss, backward,
 optimizer): evaluations and checkpoints are off the clock. Panels: greedy
 accuracy per held-out split (and pooled) at each evaluation; then, per step,
 reward, completion length, zero-std fraction, entropy, clip fraction and KL
-(where logged). Prints the evaluation table.
+(where logged). Prints the evaluation table. Evaluations of the run's
+checkpoints made afterwards (`bench/evaluate_checkpoints.py`) join those made
+during the run, at their steps.
 """
 
 from __future__ import annotations
@@ -36,7 +38,16 @@ def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
             steps.append({**row, **clock})
         if SPLITS["pooled"] in row:
             evaluations.append({**row, **clock})
-    return steps, evaluations
+    clocks = {row["step"]: row for row in steps}
+    logged = {e["step"] for e in evaluations}
+    extra = run_dir / "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py
+    for line in extra.open() if extra.is_file() else ():
+        row = json.loads(line)
+        if row["step"] not in logged:
+            at = clocks[row["step"]]
+            evaluations.append({**row, "seconds": at["seconds"],
+                                "sampling_seconds": at["sampling_seconds"]})  # fmt: skip
+    return steps, sorted(evaluations, key=lambda e: e["step"])
 
 
 def main(argv: list[str] | None = None) -> None:

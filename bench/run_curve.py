@@ -9,7 +9,7 @@ accuracy per held-out split (and pooled) at each evaluation; then, per step,
 reward, completion length, zero-std fraction, entropy, clip fraction and KL
 (where logged). Prints the evaluation table. Evaluations of the run's
 checkpoints made afterwards (`bench/evaluate_checkpoints.py`) join those made
-during the run, at their steps.
+during the run, and stand in their place at a step that has both.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
         if SPLITS["pooled"] in row:
             evaluations.append({**row, **clock})
     clocks = {row["step"]: row for row in steps}
-    logged = {e["step"] for e in evaluations}
+    clocks[0] = {"seconds": 0.0, "sampling_seconds": 0.0}
+    at_step = {e["step"]: e for e in evaluations}
     extra = run_dir / "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py
-    for line in extra.open() if extra.is_file() else ():
+    for line in extra.open() if extra.is_file() else ():  # in place of the run's own there
         row = json.loads(line)
-        if row["step"] not in logged:
-            at = clocks[row["step"]]
-            evaluations.append({**row, "seconds": at["seconds"],
-                                "sampling_seconds": at["sampling_seconds"]})  # fmt: skip
-    return steps, sorted(evaluations, key=lambda e: e["step"])
+        at = clocks[row["step"]]
+        at_step[row["step"]] = {**row, "seconds": at["seconds"],
+                                "sampling_seconds": at["sampling_seconds"]}  # fmt: skip
+    return steps, sorted(at_step.values(), key=lambda e: e["step"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,10 @@ class GRPOConfig:
     group_size: int = 4
     """G: actions sampled per state. At least 2, or no action has a competitor."""
     batch_size: int = 64
-    """Samples (state-action pairs) per mini-batch during optimisation."""
+    """Samples (state-action pairs) per mini-batch during optimisation. Each mini-batch is
+    backpropagated before the next is scored, so its activations bound the memory of the
+    gradient pass: for one optimizer step per rollout with the least memory, set it to
+    group_size and gradient_accumulation_steps to B (every mini-batch is then one group)."""
     num_epochs_per_update: int = 4
     """Passes over each collected rollout (PPO-style reuse of one batch)."""
     clip_epsilon: float = 0.2
@@ -82,7 +85,9 @@ class GRPOConfig:
     max_completion_length: int | None = None
     """Denominator of the "constant_length" aggregation (Dr. GRPO); required by it."""
     gradient_accumulation_steps: int = 1
-    """Mini-batches whose gradients are summed into one optimizer step."""
+    """Mini-batches whose gradients are summed into one optimizer step: the same update as
+    one mini-batch of them all, to float rounding. An optimizer step's samples are cut into its
+    mini-batches in sample order, so a group's samples share a mini-batch and one prompt forward."""
     learning_rate: float = 1e-4
     """Adam learning rate, used only when the trainer builds its own optimizer; a `grpo train`
     run rejects this key (its optimizer's rate is schedule.learning_rate)."""

@@ -1,9 +1,13 @@
 """Mini-batches of a rollout and the optimizer steps they make up.
 
-`optimizer_windows` shuffles the N samples of a step, cuts them into
-mini-batches of `batch_size` (each put back in sample order, so the G rows of a
-group stay together and share one prompt forward), and groups `gradient_accumulation_steps`
-mini-batches into one window: one optimizer step. Every rank of a
+`optimizer_windows` shuffles the N samples of a step and cuts them into
+windows of `batch_size * gradient_accumulation_steps` samples: one optimizer
+step each. A window's samples are put back in sample order before it is cut
+into its `gradient_accumulation_steps` mini-batches of `batch_size`: the sum
+over a window is the same whichever mini-batch a sample lands in, and in
+sample order the G rows of a group stay together and share one prompt forward.
+With one window per rollout and `batch_size` = G, every mini-batch is one group,
+and only its activations live until its backward pass. Every rank of a
 data-parallel run draws the same permutation of the N global samples and keeps
 the samples of each mini-batch it holds (`grpo.distributed`); in one process
 it holds them all.
@@ -63,14 +67,14 @@ def optimizer_windows(
     order = torch.randperm(N, generator=generator)  # (N,) global sample ids
     window = config.batch_size * config.gradient_accumulation_steps
     for start in range(0, N, window):
-        ids = order[start : start + window]
+        ids = order[start : start + window].sort().values  # in sample order: groups together
         counts = GlobalCounts(len(ids), int(token_counts[ids].sum()))
         batches = []
         for begin in range(0, len(ids), config.batch_size):
             # (n,) one mini-batch, in sample order: a group's rows sit together, so the
             # scorer's micro-batches hold few distinct prompts (grpo.lm.prefix); a sum over
             # the rows, the loss is the same in any order
-            idx = ids[begin : begin + config.batch_size].sort().values
+            idx = ids[begin : begin + config.batch_size]
             if skip_zero:
                 idx = idx[informative(advantages[idx])]
                 if len(idx) == 0:

@@ -52,3 +52,24 @@ def test_checkpoints_score_what_the_run_logged_and_join_the_curve(tmp_path, caps
     assert [e["step"] for e in evaluations] == [0, 1, 2, 3]
     assert evaluations[1]["eval/greedy/accuracy"] == rows[0]["eval/greedy/accuracy"]
     assert evaluations[1]["seconds"] == steps[0]["seconds"] == steps[0]["time/step"]
+
+
+def test_overrides_and_the_starting_model_stand_in_for_the_runs_own_evaluations(tmp_path):
+    """Step 0 is the model the run started from; `--set` evaluations are their own rows (a step
+    done with other overrides is evaluated again) and replace the run's evaluation in the curve."""
+    run = _train(tmp_path)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in logged if r["step"] == 0 and "eval/greedy/accuracy" in r)
+    evaluate_checkpoints.main([str(run), "--steps", "0", "3"])
+    evaluate_checkpoints.main([str(run), "--steps", "0", "3", "--set", "task.eval_size=2"])
+    rows = [json.loads(line) for line in (run / "checkpoint_evals.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("overrides")) for r in rows] == [
+        (0, None), (3, None), (0, ["task.eval_size=2"]), (3, ["task.eval_size=2"])
+    ]
+    assert {k: v for k, v in start.items() if k in rows[0]} == rows[0]  # the untrained model
+    two = [r["eval/greedy/accuracy"] * 2 for r in rows[2:]]  # accuracies over 2 problems
+    assert two == [round(x) for x in two] and rows[2] != rows[0]
+    _, evaluations = run_curve.read(run)
+    by_step = {e["step"]: e for e in evaluations}
+    assert by_step[0]["overrides"] == by_step[3]["overrides"] == ["task.eval_size=2"]
+    assert by_step[0]["seconds"] == 0.0

@@ -12,8 +12,8 @@ loaded into it in turn (`grpo.run.rundir.read_checkpoint`, verified against its
 manifest), and one JSON line per checkpoint, `{"step": N, "eval/...": ...}`,
 is appended to RUN_DIR/checkpoint_evals.jsonl; `bench/run_curve.py` reads
 those lines as evaluations at their steps, in place of the run's own there.
-Step 0 is the model the run started from (`model.path`). A step already there is skipped,
-so the script can be stopped and run again.
+Step 0 is the model the run started from (`model.path`). A step already there
+is skipped, so the script can be stopped and run again.
 
 `--set KEY=VALUE` overrides the run's config for the evaluation, e.g.
 `--set task.eval_size=200` for a run trained with a token `task.eval_size`

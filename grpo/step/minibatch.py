@@ -67,14 +67,13 @@ def optimizer_windows(
     order = torch.randperm(N, generator=generator)  # (N,) global sample ids
     window = config.batch_size * config.gradient_accumulation_steps
     for start in range(0, N, window):
-        ids = order[start : start + window].sort().values  # in sample order: groups together
+        # in sample order, so a group's rows share a mini-batch and one prompt forward
+        # (grpo.lm.prefix); the window's loss is a sum over its rows, the same in any order
+        ids = order[start : start + window].sort().values
         counts = GlobalCounts(len(ids), int(token_counts[ids].sum()))
         batches = []
         for begin in range(0, len(ids), config.batch_size):
-            # (n,) one mini-batch, in sample order: a group's rows sit together, so the
-            # scorer's micro-batches hold few distinct prompts (grpo.lm.prefix); a sum over
-            # the rows, the loss is the same in any order
-            idx = ids[begin : begin + config.batch_size]
+            idx = ids[begin : begin + config.batch_size]  # (n,) one mini-batch
             if skip_zero:
                 idx = idx[informative(advantages[idx])]
                 if len(idx) == 0:

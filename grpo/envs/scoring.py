@@ -72,19 +72,19 @@ def conversation_logprobs(
     # Right padding only: real tokens keep positions 0..length-1 without explicit position ids.
     inputs = {"input_ids": input_ids, "attention_mask": present}
     folded = folded_output_layer(model, chunked_output_layer, inputs)
+    # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
+    mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)
     with compute_precision(precision, input_ids.device.type):
         if folded is None:
             logits = _logits(model(**inputs, use_cache=False))  # (N, L, V)
         else:  # no (N, L, V) logits: the output layer folded into the log-softmax
             body, head = folded
             hidden = body(**inputs, use_cache=False).last_hidden_state[:, :-1]  # (N, L-1, H)
-            logprobs = output_layer_logprobs(
-                hidden, head.weight, input_ids[:, 1:], bias=head.bias, temperature=temperature
-            )  # (N, L-1) position t scores token t + 1 (float32: autocast is off inside)
+            at = {"bias": head.bias, "temperature": temperature, "where": mask}
+            # (N, L-1), computed at assistant tokens only (float32: autocast is off inside)
+            logprobs = output_layer_logprobs(hidden, head.weight, input_ids[:, 1:], **at)
     if folded is None:
         logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1) float32
-    # Position t holds log p(token t+1 | tokens <= t): the mask moves with the target token.
-    mask = assistant[:, 1:] & present[:, 1:].bool()  # (N, L-1)
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # no gradient elsewhere
     return TokenLogProbs(logprobs, mask)
 

@@ -23,7 +23,11 @@ from grpo.functional.losses import (
     aggregate,
     policy_loss,
 )
-from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
+from grpo.functional.output_layer import (
+    output_layer_entropy,
+    output_layer_logprobs,
+    output_layer_logprobs_entropy,
+)
 from grpo.functional.sampling import choose_tokens, draw_indices, filter_logits
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "logprob_gap",
     "output_layer_entropy",
     "output_layer_logprobs",
+    "output_layer_logprobs_entropy",
     "policy_loss",
     "selective_log_softmax",
     "truncated_importance_weights",

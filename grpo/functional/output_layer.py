@@ -8,6 +8,7 @@ the output weight one chunk at a time, and each chunk's logits are dropped as
 soon as its log-softmax is taken.
 
     logprobs = output_layer_logprobs(hidden (..., H), weight (V, H), index (...))  # (...)
+    logprobs, entropy = output_layer_logprobs_entropy(hidden, weight, index)  # one pass
 
 Follows the same maths as `grpo.functional.logprobs` (seed 003's
 `selective_log_softmax`; log p(i) = z_i - logsumexp(z)); the chunked
@@ -33,33 +34,43 @@ from torch.autograd.function import once_differentiable
 from grpo.functional._checks import check_positive
 from grpo.functional.logprobs import _ENTROPY, _LOG_SOFTMAX, DEFAULT_CHUNK_ELEMENTS, _RowOp
 
-__all__ = ["output_layer_entropy", "output_layer_logprobs"]
+__all__ = ["output_layer_entropy", "output_layer_logprobs", "output_layer_logprobs_entropy"]
 
 
 class _OutputLayer(torch.autograd.Function):
-    """A per-row op on softmax((hidden @ weight.T + bias) / temperature), chunk by chunk."""
+    """Per-row ops on softmax((hidden @ weight.T + bias) / temperature), chunk by chunk:
+    each chunk's logits are computed once and serve every op in `ops`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, op, step, temperature):
+    def forward(ctx, hidden, weight, bias, index, ops, step, temperature):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
-        out = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
-        log_norm = torch.empty_like(out)  # (R,)
+        out = torch.empty(len(ops), rows.shape[0], dtype=dtype, device=hidden.device)  # (k, R)
+        log_norm = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
         for start in range(0, rows.shape[0], step):
             part = slice(start, start + step)
             with _no_autocast(hidden):
                 z = _logits(rows[part], weight, bias, dtype, temperature)  # (r, V): largest temp.
             log_norm[part] = torch.logsumexp(z, dim=-1)
-            out[part] = op.forward(z, index[part], log_norm[part])
+            for k, op in enumerate(ops):
+                out[k, part] = op.forward(z, index[part], log_norm[part])
         ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
-        ctx.op, ctx.step, ctx.temperature, ctx.shape = op, step, temperature, hidden.shape
-        return out.view(hidden.shape[:-1]).clone()  # a copy: in-place edits cannot reach `out`
+        ctx.ops, ctx.step, ctx.temperature, ctx.shape = ops, step, temperature, hidden.shape
+        ctx.set_materialize_grads(False)  # an output nothing depends on gets no backward work
+        # copies: in-place edits of the results cannot reach the saved `out`
+        return tuple(o.view(hidden.shape[:-1]).clone() for o in out)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outs):
         rows, weight, bias, index, log_norm, out = ctx.saved_tensors
-        grad_out = grad_out.reshape(-1).to(out.dtype)  # (R,)
+        used = [
+            (op, out[k], g.reshape(-1).to(out.dtype))  # (R,) each
+            for k, (op, g) in enumerate(zip(ctx.ops, grad_outs, strict=True))
+            if g is not None
+        ]
+        if not used:
+            return None, None, None, None, None, None, None
         grad_rows = torch.empty_like(rows)  # (R, H)
         grad_weight = torch.zeros(weight.shape, dtype=out.dtype, device=weight.device)  # (V, H)
         grad_bias = (
@@ -69,8 +80,11 @@ class _OutputLayer(torch.autograd.Function):
             part = slice(start, start + ctx.step)
             with _no_autocast(rows):
                 z = _logits(rows[part], weight, bias, out.dtype, ctx.temperature)  # (r, V)
-                grad_z = ctx.op.backward(z, index[part], log_norm[part], out[part], grad_out[part])
-                grad_z = grad_z.div_(ctx.temperature)  # (r, V) chain rule through z = logits / T
+                grad_z = sum(
+                    op.backward(z, index[part], log_norm[part], o[part], g[part])
+                    for op, o, g in used
+                )  # (r, V)
+                grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
                 grad_rows[part] = grad_z @ weight.to(out.dtype)  # (r, H)
                 grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))  # (V, H), in place
             if grad_bias is not None:
@@ -92,7 +106,9 @@ def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperatur
     return z / temperature
 
 
-def _run(op: _RowOp, hidden, weight, index, bias, temperature, chunk_size) -> Tensor:
+def _run(
+    ops: tuple[_RowOp, ...], hidden, weight, index, bias, temperature, chunk_size, where=None
+) -> tuple[Tensor, ...]:
     if not isinstance(hidden, Tensor) or not hidden.is_floating_point() or hidden.dim() < 1:
         raise ValueError("hidden: allowed: a floating-point tensor of shape (..., H)")
     if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
@@ -104,8 +120,25 @@ def _run(op: _RowOp, hidden, weight, index, bias, temperature, chunk_size) -> Te
     if chunk_size is not None:
         chunk_size = int(check_positive(chunk_size, "chunk_size"))
     step = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
-    flat_index = index.reshape(-1).long()  # (R,)
-    return _OutputLayer.apply(hidden, weight, bias, flat_index, op, step, temperature)
+    if where is None:
+        flat_index = index.reshape(-1).long()  # (R,)
+        return _OutputLayer.apply(hidden, weight, bias, flat_index, ops, step, temperature)
+    if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != index.shape:
+        got = f"{tuple(where.shape)} {where.dtype}" if isinstance(where, Tensor) else where
+        raise ValueError(f"where: got {got}; allowed: None or bool of shape {tuple(index.shape)}")
+    picked = hidden[where], index[where].long()  # (R, H), (R,): the positions asked for only
+    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], ops, step, temperature)
+    return tuple(o.new_zeros(where.shape).masked_scatter(where, o) for o in outs)  # (...) each
+
+
+def _check_index(index: Tensor, hidden: Tensor, weight: Tensor) -> None:
+    if tuple(index.shape) != tuple(hidden.shape[:-1]) or index.is_floating_point():
+        raise ValueError(
+            f"index: got {tuple(index.shape)} {index.dtype}; allowed: integer ids of shape "
+            f"{tuple(hidden.shape[:-1])}"
+        )
+    if index.numel() and bool(((index < 0) | (index >= weight.shape[0])).any()):
+        raise ValueError(f"index: token ids must lie in [0, V = {weight.shape[0]})")
 
 
 def output_layer_logprobs(
@@ -116,21 +149,20 @@ def output_layer_logprobs(
     bias: Tensor | None = None,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    where: Tensor | None = None,
 ) -> Tensor:
     """log softmax((hidden @ weight.T + bias) / temperature)[index]: (..., H), (V, H), (...) -> (...).
 
     Equal to `selective_log_softmax(hidden @ weight.T + bias, index, temperature=...)`
     without the logits tensor. `chunk_size` rows per chunk (None: about
-    `DEFAULT_CHUNK_ELEMENTS` logits). Gradients flow to hidden, weight and bias.
+    `DEFAULT_CHUNK_ELEMENTS` logits). `where` (...) bool: compute at those positions only,
+    0 elsewhere (padding and prompt positions cost nothing). Gradients flow to hidden,
+    weight and bias.
     """
-    if tuple(index.shape) != tuple(hidden.shape[:-1]) or index.is_floating_point():
-        raise ValueError(
-            f"index: got {tuple(index.shape)} {index.dtype}; allowed: integer ids of shape "
-            f"{tuple(hidden.shape[:-1])}"
-        )
-    if index.numel() and bool(((index < 0) | (index >= weight.shape[0])).any()):
-        raise ValueError(f"index: token ids must lie in [0, V = {weight.shape[0]})")
-    return _run(_LOG_SOFTMAX, hidden, weight, index, bias, temperature, chunk_size)
+    _check_index(index, hidden, weight)
+    ops = (_LOG_SOFTMAX,)
+    (logprobs,) = _run(ops, hidden, weight, index, bias, temperature, chunk_size, where)
+    return logprobs
 
 
 def output_layer_entropy(
@@ -143,4 +175,24 @@ def output_layer_entropy(
 ) -> Tensor:
     """Entropy of softmax((hidden @ weight.T + bias) / temperature): (..., H), (V, H) -> (...)."""
     index = torch.zeros(hidden.shape[:-1], dtype=torch.long, device=hidden.device)  # unused
-    return _run(_ENTROPY, hidden, weight, index, bias, temperature, chunk_size)
+    (entropy,) = _run((_ENTROPY,), hidden, weight, index, bias, temperature, chunk_size)
+    return entropy
+
+
+def output_layer_logprobs_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    index: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    where: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(`output_layer_logprobs`, `output_layer_entropy`) of the same arguments, each (...),
+    from one computation of each chunk's logits instead of two (`where` as in
+    `output_layer_logprobs`, for both). Backward does the work of the outputs a loss
+    depends on only: an entropy kept as a metric costs no backward."""
+    _check_index(index, hidden, weight)
+    ops = (_LOG_SOFTMAX, _ENTROPY)
+    return _run(ops, hidden, weight, index, bias, temperature, chunk_size, where)

@@ -29,7 +29,10 @@ Choices:
   vocabularies of at least `grpo.lm.folding.AUTO_MIN_VOCAB` tokens) the
   model's body runs alone and its output layer is folded into the log-softmax
   (`grpo.functional.output_layer`), chunk by chunk, so no (n, T, V) logits
-  exist. Whether a model can be folded is checked once (`grpo.lm.folding`).
+  exist; it runs at real completion tokens only (not at the padding of the
+  shorter rows), and one computation of each chunk's logits serves both
+  log-probs and entropy. Whether a model can be folded is checked once
+  (`grpo.lm.folding`).
 
 Everything scoring needs arrives explicitly (`ScoringSettings`, which
 `CausalLMPolicy.scoring_settings()` builds), and what it measures is returned,
@@ -48,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grpo.functional.logprobs import entropy_from_logits, selective_log_softmax
-from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
+from grpo.functional.output_layer import output_layer_logprobs, output_layer_logprobs_entropy
 from grpo.lm.completion import Completion
 from grpo.lm.folding import folded_output_layer
 from grpo.lm.prefix import (
@@ -210,16 +213,16 @@ def _score_folded(
     model: nn.Module, body: nn.Module, head: nn.Linear, rows: _Rows, settings: ScoringSettings
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states of `body` and the output layer
-    `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor."""
+    `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor, and
+    the output layer runs at real completion tokens only, not at the padding after them."""
     with compute_precision(settings.precision, rows.completion_ids.device.type):
         scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
-    folded = {"bias": head.bias, "temperature": settings.temperature}
-    completion_ids = rows.completion_ids
-    logprobs = output_layer_logprobs(scoring, head.weight, completion_ids, **folded)  # (n, T)
-    entropy = None
+    real = rows.present.bool()  # (n, T): the output layer skips the padding
+    folded = {"bias": head.bias, "temperature": settings.temperature, "where": real}
+    ids = rows.completion_ids
     if settings.compute_entropy:
-        entropy = output_layer_entropy(scoring, head.weight, **folded)  # (n, T)
-    return logprobs, entropy
+        return output_layer_logprobs_entropy(scoring, head.weight, ids, **folded)  # (n, T) each
+    return output_layer_logprobs(scoring, head.weight, ids, **folded), None  # (n, T)
 
 
 def _completion_mask(

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from grpo.functional.logprobs import entropy_from_logits, selective_log_softmax
-from grpo.functional.output_layer import output_layer_entropy, output_layer_logprobs
+from grpo.functional.output_layer import (
+    output_layer_entropy,
+    output_layer_logprobs,
+    output_layer_logprobs_entropy,
+)
 
 
 def _inputs(dtype=torch.float64, bias=True, seed=0):
@@ -56,6 +60,59 @@ def test_entropy_equals_entropy_from_logits():
     want = torch.autograd.grad(plain.sum(), (hidden, weight))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.3, -2.0)])
+def test_logprobs_and_entropy_in_one_pass_equal_the_plain_computation(weights):
+    """One pass for both: values, and d/d(hidden, weight, bias) of a loss on either or both
+    (a weight 0 leaves that output out of the loss), equal the materialised logits' to 1e-10."""
+    hidden, weight, bias, index = _inputs(seed=4)
+    a, b = weights
+    logprobs, entropy = output_layer_logprobs_entropy(
+        hidden, weight, index, bias=bias, temperature=0.7, chunk_size=4
+    )
+    logits = (hidden @ weight.T + bias) / 0.7  # (N, T, V)
+    want_logprobs = logits.log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+    want_entropy = entropy_from_logits(logits)
+    torch.testing.assert_close(logprobs, want_logprobs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(entropy, want_entropy, rtol=1e-12, atol=1e-12)
+    upstream = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def loss(lp, ent):  # an output of weight 0 is not in the graph at all
+        terms = [w * (x * upstream).sum() for w, x in ((a, lp), (b, ent)) if w != 0.0]
+        return sum(terms)
+
+    got = torch.autograd.grad(loss(logprobs, entropy), (hidden, weight, bias))
+    want = torch.autograd.grad(loss(want_logprobs, want_entropy), (hidden, weight, bias))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_where_computes_the_chosen_positions_only():
+    """`where`: the plain values there and 0 elsewhere, the plain gradient of a loss on those
+    positions; hidden states elsewhere are never used (nan there leaves everything finite)."""
+    hidden, weight, bias, index = _inputs(seed=6)
+    where = torch.rand(3, 5, generator=torch.Generator().manual_seed(7)) < 0.5  # (N, T)
+    poisoned = torch.where(where[..., None], hidden, torch.full_like(hidden, float("nan")))
+    logprobs, entropy = output_layer_logprobs_entropy(
+        poisoned, weight, index, bias=bias, chunk_size=2, where=where
+    )
+    alone = output_layer_logprobs(poisoned, weight, index, bias=bias, where=where)
+    logits = hidden @ weight.T + bias  # (N, T, V)
+    want = logits.log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+    zero = torch.zeros((), dtype=torch.float64)
+    torch.testing.assert_close(logprobs, torch.where(where, want, zero), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(alone, logprobs, rtol=0, atol=0)
+    want_entropy = torch.where(where, entropy_from_logits(logits), zero)
+    torch.testing.assert_close(entropy, want_entropy, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad((logprobs + entropy).sum(), (hidden, weight, bias))
+    plain = torch.where(where, want + entropy_from_logits(logits), zero).sum()
+    expected = torch.autograd.grad(plain, (hidden, weight, bias))
+    for g, w in zip(got, expected, strict=True):
+        assert g.isfinite().all()
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="where"):
+        output_layer_logprobs(hidden, weight, index, where=where.long())
 
 
 def test_bf16_inputs_are_scored_in_fp32():

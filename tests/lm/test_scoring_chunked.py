@@ -64,6 +64,30 @@ def test_folded_scoring_equals_the_logits_path(tiny_lm_dir, arch):
         torch.testing.assert_close(got_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_the_output_layer_runs_at_real_completion_tokens_only(tiny_lm_dir, monkeypatch):
+    """Ragged completions: the folded output layer is asked for the real completion tokens
+    only (the sum of the lengths, not the padded (n, T) block), in one pass with the entropy."""
+    import grpo.lm.scoring as scoring
+
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    _, folded = _policies(model, tokenizer)
+    actions = _actions(tokenizer)
+    asked = []
+    one_pass = scoring.output_layer_logprobs_entropy
+
+    def recording(*args, where, **kwargs):
+        asked.append(where.clone())
+        return one_pass(*args, where=where, **kwargs)
+
+    monkeypatch.setattr(scoring, "output_layer_logprobs_entropy", recording)
+    monkeypatch.setattr(scoring, "output_layer_logprobs", None)  # a second pass would fail
+    out = folded.get_token_log_probabilities([None] * len(actions), actions)
+    lengths = [a.num_tokens for a in actions]
+    assert len(set(lengths)) > 1 and out.logprobs.shape == (4, max(lengths))
+    assert len(asked) == 1
+    assert asked[0].sum(1).tolist() == lengths
+
+
 def test_lora_and_its_reference_fold_too(tiny_lm_dir):
     """LoRA on the body (PEFT's "all-linear" leaves the output layer alone): the policy and the
     adapters-disabled reference score as on the logits path."""

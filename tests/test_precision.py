@@ -1,16 +1,21 @@
-"""Tests for grpo.precision: names, autocast, the stalled-update estimate and its warning."""
+"""Tests for grpo.precision: names, autocast, auto and the bfloat16 speed check, the
+stalled-update estimate and its warning."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
 import torch
 
+import grpo.precision
 from grpo.precision import (
+    bfloat16_speedup,
     check_precision,
     compute_dtype,
     compute_precision,
+    resolve_precision,
     update_stall_share,
     warn_if_updates_stall,
 )
@@ -26,6 +31,54 @@ def test_old_spellings_map_to_one_name_and_unknown_ones_name_the_field():
         ValueError, match=r"policy.precision: got 'bf32'; allowed: fp32, bf16-mixed"
     ):
         check_precision("policy.precision", "bf32")
+
+
+def test_auto_is_a_name_only_where_the_field_allows_it():
+    """auto passes where `auto=True`, is listed among the allowed names there, and raises
+    naming the field elsewhere."""
+    assert check_precision("policy.precision", "auto", auto=True) == "auto"
+    with pytest.raises(ValueError, match=r"policy.precision: got 'autoo'; allowed: .*, auto$"):
+        check_precision("policy.precision", "autoo", auto=True)
+    with pytest.raises(ValueError, match=r"x: got 'auto'; allowed: fp32, .*float16$"):
+        check_precision("x", "auto")
+
+
+@pytest.mark.parametrize("speedup, chosen", [(2.3, "bf16-mixed"), (0.14, "fp32")])
+def test_auto_takes_bfloat16_exactly_where_it_is_faster(monkeypatch, speedup, chosen):
+    """On a CPU, auto resolves to bf16-mixed when bfloat16 matrix products beat float32 (2.3x
+    on a Xeon with AMX) and to fp32 when they are slower (0.14x on an AVX2-only EPYC); explicit
+    names pass unchanged, and a device with no check gets fp32."""
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: speedup)
+    assert resolve_precision("policy.precision", "auto", "cpu") == chosen
+    for name in ("fp32", "fp16-mixed"):
+        assert resolve_precision("policy.precision", name, "cpu") == name
+    assert resolve_precision("policy.precision", "auto", "meta") == "fp32"
+
+
+def test_bf16_mixed_by_hand_where_bfloat16_is_slower_warns_naming_field_and_speed(monkeypatch):
+    """bf16-mixed set explicitly stays bf16-mixed; where bfloat16 is slower one warning names
+    the field and the measured speed, where it is faster there is none."""
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: 0.14)
+    with pytest.warns(UserWarning, match=r"rollout.precision: bf16-mixed, but .* at 0.14x"):
+        assert resolve_precision("rollout.precision", "bf16-mixed", "cpu") == "bf16-mixed"
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: 2.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_precision("rollout.precision", "bf16-mixed", "cpu") == "bf16-mixed"
+
+
+def test_the_measured_speedup_is_measured_once_and_sides_with_the_cpus_instructions():
+    """`bfloat16_speedup` times real products once a process; on a CPU with AVX512-BF16 or
+    AMX it finds bfloat16 faster, on one without AVX512 slower (emulated)."""
+    bfloat16_speedup.cache_clear()
+    first = bfloat16_speedup()
+    assert math.isfinite(first) and first > 0
+    assert bfloat16_speedup() == first and bfloat16_speedup.cache_info().misses == 1
+    cpu = torch.cpu
+    if cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported():
+        assert first > 1.0
+    elif not cpu._is_avx512_supported():
+        assert first < 1.0
 
 
 def test_bf16_mixed_runs_matmuls_in_bfloat16_with_float32_gradients():

@@ -20,6 +20,7 @@ run with its checkpoints intact; each prints one line and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -240,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from grpo.run.structured import ConfigError
 
     args = _parser().parse_args(argv)
+    # the library's own notes (a precision or a fast path chosen, and why) reach stderr
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("grpo").setLevel(logging.INFO)
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, FileExistsError, RewardError) as err:

@@ -62,7 +62,7 @@ from grpo.lm.sampling import (
     split_completion,
 )
 from grpo.lm.scoring import ScoringSettings, score_completions
-from grpo.precision import check_precision
+from grpo.precision import check_precision, resolve_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings", "disable_dropout"]
@@ -104,7 +104,11 @@ class CausalLMSettings:
     """What the model's forward and backward compute in: fp32 (the weights' own dtype), or
     bf16-mixed (bfloat16 autocast over float32 weights, gradients and optimizer state; log-probs,
     loss, advantages and KL stay float32), on a CPU or a GPU; fp16-mixed the same in float16
-    (needs a gradient scaler). Sampling computes in it too unless rollout.precision says
+    (needs a gradient scaler), or auto: bf16-mixed where bfloat16 matrix products beat float32
+    on the model's device (a GPU with native bfloat16, a CPU measured when the policy is
+    built), else fp32; the run's config.yaml records the choice. bf16-mixed set by hand on a
+    device where bfloat16 is slower (a CPU without bfloat16 instructions: 7x float32's time
+    on an AVX2-only EPYC) warns. Sampling computes in it too unless rollout.precision says
     otherwise. Keep model.dtype float32 (or auto for a float32 checkpoint) with it: weights
     stored in bfloat16 lose updates smaller than their spacing (docs/performance.md)."""
 
@@ -113,7 +117,7 @@ class CausalLMSettings:
             raise TypeError(
                 f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings"
             )
-        self.precision = check_precision("policy.precision", self.precision)
+        self.precision = check_precision("policy.precision", self.precision, auto=True)
         mb = self.micro_batch_size
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
@@ -149,7 +153,9 @@ class CausalLMPolicy:
         if not isinstance(self.rollout, RolloutSettings):
             got = type(rollout).__name__
             raise TypeError(f"rollout: got {got}; allowed: RolloutSettings or None")
-        precision = self.settings.precision
+        device = next(model.parameters()).device
+        precision = resolve_precision("policy.precision", self.settings.precision, device)
+        self.settings.precision = precision  # auto resolved: the run's config records it
         self.rollout_engine = make_rollout_engine(self.rollout, model, tokenizer, precision)
 
     @classmethod

@@ -55,7 +55,7 @@ from grpo.functional import (
     filter_logits,
     selective_log_softmax,
 )
-from grpo.precision import check_precision, compute_precision
+from grpo.precision import check_precision, compute_precision, resolve_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["MaskedFillConfig", "MaskedFillPolicy", "REDUCTIONS"]
@@ -102,7 +102,9 @@ class MaskedFillConfig:
     precision: str = "fp32"
     """What the model's forward and backward compute in (`grpo.precision`): fp32, bf16-mixed
     or fp16-mixed (autocast over the model's own weights, on a CPU or a GPU; fp16-mixed needs
-    a gradient scaler in the trainer). Log-probs are float32 in every case."""
+    a gradient scaler in the trainer), or auto (bf16-mixed where bfloat16 matrix products
+    beat float32 on the model's device, else fp32; resolved when the policy is built).
+    Log-probs are float32 in every case."""
     autocast_dtype: str | None = None
     """Older spelling of `precision`, still accepted: 'bfloat16' = bf16-mixed, 'float16' =
     fp16-mixed. It used to apply on a GPU only; now, as `precision`, on a CPU too."""
@@ -132,7 +134,7 @@ class MaskedFillConfig:
         if self.autocast_dtype is not None:  # the older spelling wins where it was set
             self.precision = self.autocast_dtype
             self.autocast_dtype = None
-        self.precision = check_precision("MaskedFillConfig.precision", self.precision)
+        self.precision = check_precision("MaskedFillConfig.precision", self.precision, auto=True)
 
 
 class MaskedFillPolicy:
@@ -157,6 +159,8 @@ class MaskedFillPolicy:
             raise TypeError(f"config must be a MaskedFillConfig, got {type(config).__name__}")
         self.model = model
         self.config = config
+        device = next(model.parameters()).device
+        config.precision = resolve_precision("MaskedFillConfig.precision", config.precision, device)
         self.generator = generator
         """Optional RNG for sampling (must live on the model's device); else the global one."""
         self.frozen = frozen

@@ -6,6 +6,7 @@ import pytest
 import torch
 from tiny_models import load_tiny_causal_lm
 
+import grpo.precision
 from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
@@ -137,7 +138,21 @@ def test_bf16_weights_at_a_small_lr_warn_once_and_bf16_mixed_does_not(tiny_lm_di
     recwarn.clear()
     policy = policy_with(tiny_lm_dir("llama"), "bf16-mixed")
     GRPOTrainer(policy, REWARD, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-6), config=config)
-    assert not [w for w in recwarn if "policy.precision" in str(w.message)]
+    assert not [w for w in recwarn if "rounds away" in str(w.message)]
+
+
+@pytest.mark.parametrize("speedup, chosen", [(2.3, "bf16-mixed"), (0.14, "fp32")])
+def test_auto_is_resolved_when_the_policy_is_built_for_scorer_and_sampler(
+    tiny_lm_dir, monkeypatch, speedup, chosen
+):
+    """policy.precision auto becomes the device's choice in the settings (the object a run's
+    config.yaml is written from) and in the lean sampler; rollout.precision auto likewise."""
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: speedup)
+    policy = policy_with(tiny_lm_dir("llama"), "auto", "lean")
+    assert policy.settings.precision == chosen
+    assert policy.rollout_engine.precision == chosen
+    policy = policy_with(tiny_lm_dir("llama"), "fp32", "lean", sampler="auto")
+    assert (policy.settings.precision, policy.rollout_engine.precision) == ("fp32", chosen)
 
 
 def _trainer(path, precision="bf16-mixed"):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import grpo.precision
 from grpo.masked_fill.judge import TokenJudgeReward
 from grpo.masked_fill.policy import MaskedFillConfig, MaskedFillPolicy
 
@@ -390,3 +391,13 @@ def test_bf16_mixed_scores_float32_logprobs_of_bfloat16_logits_on_a_cpu(spelling
     fp32 = MaskedFillPolicy(model, MaskedFillConfig(mask_token_id=MASK))
     gap = (fp32.get_token_log_probabilities(states, actions).logprobs - out.logprobs).abs().max()
     assert 0 < gap < 0.05
+
+
+@pytest.mark.parametrize("speedup, chosen", [(2.3, "bf16-mixed"), (0.14, "fp32")])
+def test_auto_precision_is_resolved_for_the_models_device(monkeypatch, speedup, chosen):
+    """MaskedFillConfig.precision auto becomes bf16-mixed or fp32 by the CPU's bfloat16 speed
+    when the policy is built."""
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: speedup)
+    config = MaskedFillConfig(mask_token_id=MASK, precision="auto")
+    policy = MaskedFillPolicy(CopyFirstToken(4), config)
+    assert policy.config.precision == chosen

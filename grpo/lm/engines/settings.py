@@ -172,7 +172,7 @@ class RolloutSettings:
     """Settings of the vLLM servers (used when engine is "vllm_server")."""
     precision: str | None = None
     """What the transformers and lean engines compute in while sampling (fp32, bf16-mixed,
-    fp16-mixed: `grpo.precision`); None = policy.precision. The transformers engine runs
+    fp16-mixed, or auto as in policy.precision: `grpo.precision`); None = policy.precision. The transformers engine runs
     generate under autocast; the lean engine, over float32 weights, samples from a copy of the
     weights cast to the low dtype once per rollout, attention and cache in float32 (0.65x
     float32's sampling time on SmolLM2-135M, docs/performance.md). When it differs from
@@ -189,7 +189,7 @@ class RolloutSettings:
     def __post_init__(self) -> None:
         _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")
         if self.precision is not None:
-            self.precision = check_precision("rollout.precision", self.precision)
+            self.precision = check_precision("rollout.precision", self.precision, auto=True)
         _check_cap("rollout.tis_cap", self.tis_cap)
         if not isinstance(self.vllm, VLLMSettings):
             raise TypeError(

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,7 +42,6 @@ from torch import Tensor, nn
 from grpo.lm.completion import Completion
 from grpo.lm.engines import RolloutSettings, make_rollout_engine
 from grpo.lm.engines.mismatch import gap_metrics, importance_weights
-from grpo.lm.folding import check_folding_mode
 from grpo.lm.loading import (
     LoraSettings,
     apply_lora,
@@ -62,66 +60,11 @@ from grpo.lm.sampling import (
     split_completion,
 )
 from grpo.lm.scoring import ScoringSettings, score_completions
-from grpo.precision import check_precision, resolve_precision
+from grpo.lm.settings import CausalLMSettings
+from grpo.precision import resolve_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings", "disable_dropout"]
-
-
-@dataclass
-class CausalLMSettings:
-    """How a causal-LM policy samples and scores completions."""
-
-    generation: GenerationSettings = field(default_factory=GenerationSettings)
-    """Sampling settings; its temperature is also the one log-probs are scored at."""
-    micro_batch_size: int = 8
-    """Rows per forward pass when scoring log-probs. This bounds the memory of the no-grad
-    passes (old and reference log-probs); with gradients, every micro-batch's activations
-    live until backward, so bound those with the trainer's batch_size and accumulation."""
-    mask_truncated_completions: bool = False
-    """Give completions that hit max_new_tokens without EOS an all-False mask."""
-    compute_entropy: bool = True
-    """Also return the per-token entropy (for an entropy bonus, and the entropy metric)."""
-    chunked_output_layer: bool | str = "auto"
-    """Score from the last hidden states and the output layer in row chunks, so no (n, T, V)
-    logits tensor exists (backward recomputes each chunk's logits). true: always (an error
-    when the model cannot be folded); false: never; auto: when the vocabulary has at least
-    32768 tokens and the model can be folded (else the logits, the reason logged once). Folding
-    needs a plain linear output layer (no LoRA on it), logits without soft-capping or scaling
-    (checked on first use), and no FSDP2."""
-    share_prompt_prefix: bool = True
-    """Score the rows of a micro-batch that continue the same prompt (the G samples of a
-    group) with one forward over that prompt, its KV cache shared by the rows, instead of
-    one full forward per row: equal to float rounding, in log-probs and gradients. It applies
-    to Llama, Mistral, Qwen2, Qwen3 and GPT-2 models (LoRA included), not in the gradient
-    pass with gradient_checkpointing, nor with FSDP2; elsewhere the plain forward runs and
-    says why once in the log ("grpo.lm.prefix")."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass instead of storing them."""
-    disable_dropout: bool = True
-    """Set every dropout probability in the model to 0 (see the module docstring)."""
-    precision: str = "fp32"
-    """What the model's forward and backward compute in: fp32 (the weights' own dtype), or
-    bf16-mixed (bfloat16 autocast over float32 weights, gradients and optimizer state; log-probs,
-    loss, advantages and KL stay float32), on a CPU or a GPU; fp16-mixed the same in float16
-    (needs a gradient scaler), or auto: bf16-mixed where bfloat16 matrix products beat float32
-    on the model's device (a GPU with native bfloat16, a CPU measured when the policy is
-    built), else fp32; the run's config.yaml records the choice. bf16-mixed set by hand on a
-    device where bfloat16 is slower (a CPU without bfloat16 instructions: 7x float32's time
-    on an AVX2-only EPYC) warns. Sampling computes in it too unless rollout.precision says
-    otherwise. Keep model.dtype float32 (or auto for a float32 checkpoint) with it: weights
-    stored in bfloat16 lose updates smaller than their spacing (docs/performance.md)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.generation, GenerationSettings):
-            raise TypeError(
-                f"generation: got {type(self.generation).__name__}; allowed: GenerationSettings"
-            )
-        self.precision = check_precision("policy.precision", self.precision, auto=True)
-        mb = self.micro_batch_size
-        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise ValueError(f"micro_batch_size: got {mb!r}; allowed: an integer >= 1")
-        check_folding_mode(self.chunked_output_layer)
 
 
 class CausalLMPolicy:
@@ -153,10 +96,12 @@ class CausalLMPolicy:
         if not isinstance(self.rollout, RolloutSettings):
             got = type(rollout).__name__
             raise TypeError(f"rollout: got {got}; allowed: RolloutSettings or None")
-        device = next(model.parameters()).device
-        precision = resolve_precision("policy.precision", self.settings.precision, device)
-        self.settings.precision = precision  # auto resolved: the run's config records it
-        self.rollout_engine = make_rollout_engine(self.rollout, model, tokenizer, precision)
+        # auto resolved for the model's device, written back: the run's config.yaml records it
+        device, s, r = next(model.parameters()).device, self.settings, self.rollout
+        s.precision = resolve_precision("policy.precision", s.precision, device)
+        if r.precision is not None:
+            r.precision = resolve_precision("rollout.precision", r.precision, device)
+        self.rollout_engine = make_rollout_engine(r, model, tokenizer, s.precision)
 
     @classmethod
     def from_pretrained(

@@ -30,7 +30,6 @@ from grpo.lm.engines.settings import ENGINE_NAMES, RolloutSettings, ServerSettin
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.engines.vllm import VLLMEngine
 from grpo.lm.engines.vllm_server import VLLMServerEngine
-from grpo.precision import resolve_precision
 
 __all__ = [
     "ENGINE_NAMES",
@@ -50,10 +49,7 @@ def _own_model(kind: type) -> Callable[[nn.Module, Any, RolloutSettings, str], R
     (None: the scorer's)."""
 
     def build(model: nn.Module, tokenizer: Any, rollout: RolloutSettings, scorer: str):
-        precision = scorer
-        if rollout.precision is not None:
-            device = next(model.parameters()).device
-            precision = resolve_precision("rollout.precision", rollout.precision, device)
+        precision = rollout.precision or scorer
         return kind(model, tokenizer, precision, scorer, rollout.tis_cap)
 
     return build

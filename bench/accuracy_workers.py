@@ -9,7 +9,8 @@ template in both): the same model folder, the same train and held-out problems
 (built by grpo's task), the same reward functions and weights, B prompts x G
 samples per step, the same sampling settings, AdamW at the same rate with the
 same schedule, the same gradient clip, no KL, a token-mean loss, the same
-precision (fp32, or bf16 autocast: TRL's `bf16=True`), the same thread count.
+precision (fp32, or bf16 autocast: TRL's `bf16=True`; `auto` resolved as grpo
+resolves it on this CPU), the same thread count.
 
 Evaluation is identical too: grpo's own evaluator (greedy, the task's held-out
 problems) on a grpo policy holding a copy of the trained weights. Its time is
@@ -97,6 +98,10 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
     """TRL's GRPOConfig for the run grpo's `config` describes."""
     from trl import GRPOConfig
 
+    from grpo.precision import resolve_precision
+
+    # `auto` as grpo resolves it on this machine: TRL trains at the precision grpo does
+    precision = resolve_precision("policy.precision", config.policy.precision, "cpu")
     s, g, gen = config.schedule, config.grpo, config.policy.generation
     # rows per forward as grpo's micro-batches; accumulated to one optimizer step per rollout
     rows = config.prompts_per_step * g.group_size
@@ -111,7 +116,7 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
         top_p=gen.top_p, top_k=gen.top_k, beta=0.0, learning_rate=s.learning_rate,
         lr_scheduler_type=s.lr_scheduler, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
         adam_beta1=s.adam_betas[0], adam_beta2=s.adam_betas[1], max_grad_norm=g.max_grad_norm,
-        max_steps=s.num_steps, use_cpu=True, bf16=config.policy.precision == "bf16-mixed",
+        max_steps=s.num_steps, use_cpu=True, bf16=precision == "bf16-mixed",
         fp16=False, use_vllm=False,
         report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",

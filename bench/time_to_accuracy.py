@@ -170,6 +170,11 @@ def summarise(records: list[dict]) -> dict:
                 f"{frac:g}": med(accuracy_at(p, frac * trl_time) for p in runs)
                 for frac in (0.25, 0.5, 1.0)
             }
+        summary["trl_start"] = med(p[0]["accuracy"] for p in by["trl"])
+        if target <= summary["trl_start"] + 1e-9:
+            # TRL ended no higher than it started: both "reach" it at 0 s, no ratio to quote
+            summary["ratio_time_to_trl_final"] = summary["ratio_to_trl_run"] = None
+            return summary
         summary["ratio_time_to_trl_final"] = (
             summary["grpo"]["time_to_trl_final"] / summary["trl"]["time_to_trl_final"]
         )
@@ -198,7 +203,11 @@ def table(summary: dict) -> str:
             f"| {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} | {s['peak_rss_gib']:.2f} "
             f"| {'; '.join(s.get('flagged', [])) or 'none'} |"
         )
-    if "ratio_to_trl_run" in summary:
+    if "ratio_to_trl_run" in summary and summary["ratio_to_trl_run"] is None:
+        rows.append(f"\nTRL's final accuracy ({100 * summary['trl']['final_accuracy']:.1f} %) is no "
+                    f"higher than its start ({100 * summary['trl_start']:.1f} %): no time ratio; "
+                    "compare the accuracies at equal training time")  # fmt: skip
+    elif "ratio_to_trl_run" in summary:
         rows.append(f"\ngrpo's time to TRL's final accuracy / TRL's whole training run: "
                     f"{summary['ratio_to_trl_run']:.2f}")  # fmt: skip
         rows.append(f"grpo / TRL time to TRL's final accuracy: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,24 @@ def test_every_trl_configuration_checkpoints_gradients_as_grpo(model_dir, tmp_pa
     config = accuracy_workers.run_config([], 0, str(tmp_path / "run"))
     trl = accuracy_workers.trl_config(config, 0, tmp_path)
     assert trl.gradient_checkpointing is config.policy.gradient_checkpointing is False
+
+
+@pytest.mark.parametrize(
+    ("precision", "speedup", "bf16"),
+    [("auto", 2.3, True), ("auto", 0.14, False), ("fp32", 2.3, False), ("bf16-mixed", 0.14, True)],
+)
+def test_trl_trains_at_the_precision_grpo_resolves(precision, speedup, bf16, tmp_path, monkeypatch):
+    """TRL gets bf16=True exactly where grpo trains in bf16-mixed: `auto` as grpo resolves it
+    from the CPU's measured bfloat16 speed, an explicit name as it is."""
+    import accuracy_workers
+
+    import grpo.precision
+
+    monkeypatch.setattr(grpo.precision, "bfloat16_speedup", lambda: speedup)
+    config = accuracy_workers.run_config([f"policy.precision={precision}"], 0, str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16-mixed where slower warns
+        assert accuracy_workers.trl_config(config, 0, tmp_path).bf16 is bf16
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])

@@ -48,6 +48,22 @@ def test_summary_hand_values():
     assert "TRL's whole training run: 0.28" in tta.table(s)
 
 
+def test_no_time_ratio_when_trl_ends_no_higher_than_it_started():
+    """TRL's final at or below its step-0 accuracy is reached at 0 s by both libraries: the
+    summary gives no ratio (None, not 0 or a division by zero) and the table says why."""
+    records = [
+        _record("grpo", [(0, 0.0, 0.278), (16, 530.0, 0.355)]),
+        _record("trl", [(0, 0.0, 0.278), (10, 1407.0, 0.26), (20, 2793.0, 0.2575)]),
+    ]
+    s = tta.summarise(records)
+    assert s["trl_start"] == 0.278 and s["grpo"]["time_to_trl_final"] == 0.0
+    assert s["ratio_to_trl_run"] is None and s["ratio_time_to_trl_final"] is None
+    assert s["grpo"]["accuracy_at"]["0.25"] == 0.355 and s["trl"]["accuracy_at"]["1"] == 0.2575
+    text = tta.table(s)
+    assert "no higher than its start (27.8 %): no time ratio" in text
+    assert "TRL's whole training run" not in text
+
+
 def test_busy_or_starved_runs_are_flagged_in_the_table():
     """A run that started with load above half the cores, or got CPU under 0.8 x wall x threads,
     is named in its library's row; a clean one and a record without measurements are not."""

@@ -174,12 +174,12 @@ def summarise(records: list[dict]) -> dict:
         if target <= summary["trl_start"] + 1e-9:
             # TRL ended no higher than it started: both "reach" it at 0 s, no ratio to quote
             summary["ratio_time_to_trl_final"] = summary["ratio_to_trl_run"] = None
-            return summary
-        summary["ratio_time_to_trl_final"] = (
-            summary["grpo"]["time_to_trl_final"] / summary["trl"]["time_to_trl_final"]
-        )
-        # the figure to quote: grpo's time to TRL's final accuracy over TRL's whole run
-        summary["ratio_to_trl_run"] = summary["grpo"]["time_to_trl_final"] / trl_time
+        else:
+            summary["ratio_time_to_trl_final"] = (
+                summary["grpo"]["time_to_trl_final"] / summary["trl"]["time_to_trl_final"]
+            )
+            # the figure to quote: grpo's time to TRL's final accuracy over TRL's whole run
+            summary["ratio_to_trl_run"] = summary["grpo"]["time_to_trl_final"] / trl_time
     return summary
 
 
@@ -203,7 +203,7 @@ def table(summary: dict) -> str:
             f"| {'-' if ttf is None else f'{ttf:.0f} s'} | {at_text} | {s['peak_rss_gib']:.2f} "
             f"| {'; '.join(s.get('flagged', [])) or 'none'} |"
         )
-    if "ratio_to_trl_run" in summary and summary["ratio_to_trl_run"] is None:
+    if "trl_start" in summary and summary["ratio_to_trl_run"] is None:
         rows.append(f"\nTRL's final accuracy ({100 * summary['trl']['final_accuracy']:.1f} %) is no "
                     f"higher than its start ({100 * summary['trl_start']:.1f} %): no time ratio; "
                     "compare the accuracies at equal training time")  # fmt: skip

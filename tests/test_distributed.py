@@ -137,14 +137,21 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     assert distributed.init_from_env("gloo")  # CPU, even where CUDA exists
     out_dir = Path(out)
     for name in SCENARIOS:
-        trainer = make_trainer(name, policy_seed=rank)  # rank 0's weights must win
-        run_steps(trainer, 0, STEPS, out_dir / f"{name}.ckpt")
-        params = full_params(trainer)
-        if rank == 0:
-            torch.save({"params": params, "history": trainer.history}, out_dir / f"{name}.pt")
+        _run_scenario(name, rank, out_dir)
     _resume_single_checkpoint(rank, out_dir)
     _batch_scale_advantages(rank, out_dir)
-    distributed.shutdown()  # an error above ends this process; spawn then stops the other
+    # every trainer is gone by now, as shutdown asks; an error above ends this process, and
+    # spawn then stops the other
+    distributed.shutdown()
+
+
+def _run_scenario(name: str, rank: int, out_dir: Path) -> None:
+    """STEPS steps of one scenario on this rank; rank 0 saves parameters and history."""
+    trainer = make_trainer(name, policy_seed=rank)  # rank 0's weights must win
+    run_steps(trainer, 0, STEPS, out_dir / f"{name}.ckpt")
+    params = full_params(trainer)
+    if rank == 0:
+        torch.save({"params": params, "history": trainer.history}, out_dir / f"{name}.pt")
 
 
 def _resume_single_checkpoint(rank: int, out_dir: Path) -> None:
@@ -247,15 +254,21 @@ def test_batch_scaled_advantages_span_ranks(runs):
 
 def _lm_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     """2 DDP steps of a tiny causal LM (each rank samples with its own seed)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    distributed.init_from_env("gloo")
+    params = _lm_steps(rank, model_dir)  # the trainer and its DDP wrapper are gone after it
+    torch.save(params, Path(out) / f"lm_rank{rank}.pt")
+    distributed.shutdown()
+
+
+def _lm_steps(rank: int, model_dir: str) -> dict[str, Tensor]:
     from tiny_models import load_tiny_causal_lm
 
     from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
     from grpo.lm.sampling import GenerationSettings
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    distributed.init_from_env("gloo")
     model, tokenizer = load_tiny_causal_lm(model_dir)
     generation = GenerationSettings(max_new_tokens=4, seed=100 * rank)
     # micro-batches of 2: several forward passes per mini-batch on one rank
@@ -264,9 +277,7 @@ def _lm_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> No
     trainer = GRPOTrainer(policy, FunctionReward(lambda s, a: float(len(a.text))), config=config)
     for _ in range(2):
         trainer.train_step(["a b", "say yes", "count c", "red blue"])
-    params = {k: v.detach().clone() for k, v in policy.get_parameters().items()}
-    torch.save(params, Path(out) / f"lm_rank{rank}.pt")
-    distributed.shutdown()
+    return {k: v.detach().clone() for k, v in policy.get_parameters().items()}
 
 
 def test_ddp_keeps_causal_lm_replicas_identical(tiny_lm_dir, tmp_path):

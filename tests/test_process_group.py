@@ -33,3 +33,34 @@ def test_shutdown_ends_only_the_group_init_from_env_created(tmp_path, monkeypatc
     assert distributed.init_from_env("gloo") and dist.is_initialized()
     distributed.shutdown()
     assert not dist.is_initialized()
+
+
+def test_shutdown_frees_a_trainer_held_only_by_a_cycle_before_the_group_ends(monkeypatch):
+    """A DDP wrapper freed after the group's end can hang the process (shutdown's docstring):
+    one kept alive only by a reference cycle is collected while the group still exists."""
+    import gc
+    import weakref
+
+    class Holder:  # stands in for a trainer whose wrapper sits in a reference cycle
+        pass
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert distributed.init_from_env("gloo")
+    gc.disable()  # so only shutdown can collect the cycle
+    try:
+        holder = Holder()
+        holder.self = holder
+        alive = weakref.ref(holder)
+        del holder
+        seen = []
+        destroy = dist.destroy_process_group
+        monkeypatch.setattr(dist, "destroy_process_group", lambda: (seen.append(alive()), destroy()))
+        assert alive() is not None  # nothing has collected it yet
+        distributed.shutdown()
+    finally:
+        gc.enable()
+    assert seen == [None] and not dist.is_initialized()

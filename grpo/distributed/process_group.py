@@ -6,6 +6,7 @@ branch for the non-distributed case.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -78,8 +79,16 @@ def shutdown() -> None:
 
     Only a group `init_from_env` created is ended: one made by someone else (an in-process
     vLLM engine makes a world of one) is theirs to end, and ending it under them makes
-    their own clean-up fail at exit."""
+    their own clean-up fail at exit.
+
+    Drop the trainer before calling this. A DDP wrapper holds the group too, and when it is
+    the last holder, the group's end comes when the wrapper is freed: that frees gloo's
+    worker threads while holding Python's GIL, and a thread still letting go of its last
+    collective's tensors waits for that GIL: both wait forever (pytorch/pytorch#56297; about
+    one 2-rank run in twelve here). Unreachable wrappers are collected first, while the
+    group is still alive."""
     if _JOINED["group"] and dist.is_initialized():
+        gc.collect()  # a wrapper kept only by a reference cycle goes now, not after the group
         dist.barrier()
         dist.destroy_process_group()
         _JOINED["group"] = False

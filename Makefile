@@ -43,7 +43,7 @@ $(VSTAMP): pyproject.toml
 	@touch $(VSTAMP)
 
 test-vllm: $(VSTAMP)
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest -m vllm tests
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VPY) -m pytest -m vllm tests --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check grpo tests examples bench workshop scripts

@@ -333,6 +333,7 @@ class CausalLMPolicy:
             p.requires_grad_(False)
         settings = copy.copy(self.settings)
         settings.gradient_checkpointing = False
+        settings.compute_entropy = False  # the loss reads only π_ref's log-probs
         reference = CausalLMPolicy(model, self.tokenizer, settings)
         return reference.eval()
 

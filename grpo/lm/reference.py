@@ -51,7 +51,8 @@ class AdapterDisabledReference:
         model.eval()  # no dropout in the reference, whatever mode the policy is in
         try:
             with torch.no_grad(), model.disable_adapter():
-                out, _ = score_completions(model, actions, self.policy.scoring_settings())
+                settings = self.policy.scoring_settings()._replace(compute_entropy=False)
+                out, _ = score_completions(model, actions, settings)  # log-probs only
         finally:
             model.train(was_training)
         return out

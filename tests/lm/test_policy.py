@@ -260,6 +260,24 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tiny_lm_dir):
     assert (pol1 - ref1).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_reference_scores_log_probs_without_the_entropy(tiny_lm_dir, lora):
+    """The loss reads only π_ref's log-probs: a reference (a frozen copy, or the LoRA base)
+    skips the entropy over the vocabulary that its policy computes, and its log-probs are
+    the policy's own at step 0."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    if lora:
+        model = apply_lora(model, LoraSettings(r=4, alpha=8))
+    settings = CausalLMSettings(GenerationSettings(max_new_tokens=4), compute_entropy=True)
+    policy = CausalLMPolicy(model, tokenizer, settings)
+    actions = sample_completions(tokenizer)
+    with torch.no_grad():
+        own = policy.get_token_log_probabilities([None] * 3, actions)
+        ref = policy.make_reference().get_token_log_probabilities([None] * 3, actions)
+    assert own.entropy is not None and ref.entropy is None
+    torch.testing.assert_close(ref.logprobs, own.logprobs, rtol=1e-6, atol=1e-6)
+
+
 def test_gradient_checkpointing_gives_the_same_gradient(tiny_lm_dir):
     """Gradient checkpointing changes memory, not the log-probs or their gradient."""
     results = []

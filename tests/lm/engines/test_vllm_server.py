@@ -244,6 +244,7 @@ def test_a_stalled_server_gives_an_error_naming_it_within_the_timeout(servers):
         assert len(engine.sample(rows, settings, eos, seed=0).token_ids) == 4
 
 
+@pytest.mark.timeout(2400)  # 380 s on 2 cores: room for a machine twice as slow and more
 def test_an_overlapped_demo_run_through_the_server_learns(servers, tmp_path, monkeypatch):
     """The demo with run.max_staleness 1 sampling on the server: the sampler's copy of the policy
     publishes the version each step samples with and passes the probe every step, every step

@@ -130,11 +130,16 @@ def full_params(trainer: GRPOTrainer) -> Tensor:
 
 
 # ------------------------------------------------------------ the 2 ranks
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _join(rank: int, world: int, port: int) -> None:
+    """Join the gloo group as torchrun would launch this rank (CPU, even where CUDA exists)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    assert distributed.init_from_env("gloo")  # CPU, even where CUDA exists
+    assert distributed.init_from_env("gloo")
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    _join(rank, world, port)
     out_dir = Path(out)
     for name in SCENARIOS:
         _run_scenario(name, rank, out_dir)
@@ -254,10 +259,7 @@ def test_batch_scaled_advantages_span_ranks(runs):
 
 def _lm_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     """2 DDP steps of a tiny causal LM (each rank samples with its own seed)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    distributed.init_from_env("gloo")
+    _join(rank, world, port)
     params = _lm_steps(rank, model_dir)  # the trainer and its DDP wrapper are gone after it
     torch.save(params, Path(out) / f"lm_rank{rank}.pt")
     distributed.shutdown()

@@ -13,6 +13,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun_env_of_one(monkeypatch) -> None:
+    """The environment torchrun gives the one rank of a world of one."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+
 def test_shutdown_ends_only_the_group_init_from_env_created(tmp_path, monkeypatch):
     """A world made by someone else (an in-process vLLM engine makes one) survives shutdown;
     the one init_from_env made is destroyed by it."""
@@ -25,11 +34,7 @@ def test_shutdown_ends_only_the_group_init_from_env_created(tmp_path, monkeypatc
     finally:
         dist.destroy_process_group()
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    for name in ("RANK", "LOCAL_RANK"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    _torchrun_env_of_one(monkeypatch)
     assert distributed.init_from_env("gloo") and dist.is_initialized()
     distributed.shutdown()
     assert not dist.is_initialized()
@@ -44,11 +49,7 @@ def test_shutdown_frees_a_trainer_held_only_by_a_cycle_before_the_group_ends(mon
     class Holder:  # stands in for a trainer whose wrapper sits in a reference cycle
         pass
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    for name in ("RANK", "LOCAL_RANK"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    _torchrun_env_of_one(monkeypatch)
     assert distributed.init_from_env("gloo")
     gc.disable()  # so only shutdown can collect the cycle
     try:

@@ -22,9 +22,9 @@ moves (``"endgame_example"``), a list that is rarely legal anywhere else, so tha
 copying the example does not pay (``docs/chess.md``: with the initial position
 GRPO learns to copy its list into every position). ``"pieces_example"`` also tells
 each position piece by piece (`piece_list`) so that from-squares can be copied
-from the prompt, and ``"pawns_example"`` asks for the shorter list of the pawns'
-moves alone (`PROMPT_PIECE`): every reward and metric then counts only pawn moves
-as legal.
+from the prompt, ``"pawns_example"`` asks for the shorter list of the pawns'
+moves alone and ``"king_example"`` for the king's (`PROMPT_PIECE`): every reward
+and metric then counts only that kind of piece's moves as legal.
 
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end
@@ -62,6 +62,9 @@ __all__ = [
     "ENDGAME_ANSWER",
     "ENDGAME_FEN",
     "INSTRUCTION",
+    "KING_ANSWER",
+    "KING_FEN",
+    "KING_INSTRUCTION",
     "PAWNS_ANSWER",
     "PAWNS_FEN",
     "PAWNS_INSTRUCTION",
@@ -110,6 +113,13 @@ PAWNS_FEN = "4k3/8/7P/3pp3/4PP2/2P5/P7/6K1 w - - 0 1"
 PAWNS_ANSWER = "M: a2a3 a2a4 c3c4 e4d5 f4e5 f4f5 h6h7"
 # every legal pawn move of PAWNS_FEN (a double step, a blocked pawn, two captures), pawn by
 # pawn in `piece_list` order (a test checks it)
+KING_INSTRUCTION = INSTRUCTION.replace(
+    "every legal move of the side to move", "every legal move of the king of the side to move"
+)
+KING_FEN = "8/8/4k3/8/1PK5/8/8/8 w - - 0 1"
+KING_ANSWER = "M: c4b3 c4b5 c4c3 c4c5 c4d3 c4d4"
+# every legal king move of KING_FEN: of the eight squares next to c4, b4 holds its own pawn
+# and d5 is next to the other king (a test checks it)
 PIECES_FEN = "4k3/1p6/8/8/8/P1N2P2/6K1/8 w - - 0 1"
 PIECES_ANSWER = (
     "M: g2f1 g2f2 g2g1 g2g3 g2h1 g2h2 g2h3 c3a2 c3a4 c3b1 c3b5 c3d1 c3d5 c3e2 c3e4 a3a4 f3f4"
@@ -183,14 +193,17 @@ PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
     "endgame_example": _worked_example(ENDGAME_FEN, ENDGAME_ANSWER),
     "pieces_example": _worked_example(PIECES_FEN, PIECES_ANSWER, _pieces_prompt),
     "pawns_example": _worked_example(PAWNS_FEN, PAWNS_ANSWER, _pieces_prompt, PAWNS_INSTRUCTION),
+    "king_example": _worked_example(KING_FEN, KING_ANSWER, _pieces_prompt, KING_INSTRUCTION),
 }
 """The prompt of a position: the bare FEN line; an instruction and the FEN as chat
 messages; the same with one worked example (the initial position, or a rook endgame)
 before the FEN; or every position also told piece by piece (`piece_list`), with a worked
 example whose moves follow its pieces in that order, so that each move's from-square can be
 copied from the prompt (a king, a knight and two pawns: a list rarely legal elsewhere); or
-the same asking for the pawns' moves alone, with a pawn example."""
-PROMPT_PIECE: dict[str, str] = {"pawns_example": "pawn"}
+the same asking for the pawns' moves alone, with a pawn example; or for the king's moves
+alone (one from-square, named in the prompt; its moves go to the squares next to it), with a
+king example."""
+PROMPT_PIECE: dict[str, str] = {"pawns_example": "pawn", "king_example": "king"}
 """The prompts that ask for one kind of piece's moves, and that kind (`ChessRewardConfig.piece`);
 the others ask for every legal move."""
 

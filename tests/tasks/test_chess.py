@@ -11,6 +11,9 @@ from grpo.tasks.chess import (  # noqa: E402
     ENDGAME_ANSWER,
     ENDGAME_FEN,
     INSTRUCTION,
+    KING_ANSWER,
+    KING_FEN,
+    KING_INSTRUCTION,
     PAWNS_ANSWER,
     PAWNS_FEN,
     PAWNS_INSTRUCTION,
@@ -205,6 +208,35 @@ def test_pawns_prompt_asks_for_and_scores_pawn_moves_alone():
         ChessRewardConfig(piece="pawns")
 
 
+def test_king_prompt_asks_for_and_scores_the_kings_moves_alone():
+    """'king_example' asks for the king's moves with a king example (every legal king move of
+    its position: the squares next to c4 but b4, its own pawn, and d5, next to the other
+    king); its rows hold king moves alone, never none; with piece='king' a legal pawn move
+    counts as illegal, and a list is checked against another position's king."""
+    system, example, answer, user = PROMPTS["king_example"](AFTER_E4)
+    assert system["content"] == KING_INSTRUCTION and "of the king of the side" in KING_INSTRUCTION
+    assert example["content"] == f"FEN: {KING_FEN}\n{piece_list(KING_FEN)}"
+    assert answer["content"] == KING_ANSWER and user["content"].endswith(piece_list(AFTER_E4))
+    assert piece_list(KING_FEN).splitlines()[1] == "White: king c4, pawn b4"
+    listed = KING_ANSWER.removeprefix("M: ").split()
+    assert listed == sorted(legal_moves(KING_FEN, "king"))
+    assert {"c4b4", "c4d5"}.isdisjoint(listed) and len(listed) == 6
+    rows = generate_dataset(30, seed=2, prompt="king_example")
+    for row in rows:
+        assert row["legal_moves"].split() == sorted(legal_moves(row["fen"], "king")) != []
+    king = ChessRewardConfig(piece="king")
+    # the king example's own position: its list scores 1; a pawn move there is not asked for
+    assert score_completion(KING_FEN, KING_ANSWER, king) == 1.0
+    assert score_completion(KING_FEN, "M: c4c5 b4b5", king) == pytest.approx(
+        1 / 6 - 0.5 * 1 / 2, rel=1e-12
+    )
+    after_e4_e5 = "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"
+    both = breakdown([{"fen": after_e4_e5}, {"fen": KING_FEN}], ["M: e1e2", KING_ANSWER], "king")
+    assert both["precision"] == 1.0 and both["coverage"] == 1.0  # e1e2 is the only one
+    assert both["precision_elsewhere"] == 0.0  # neither king stands on the other's square
+    assert both["own_square_rate"] == 1.0
+
+
 def test_prompts_instruction_and_worked_example():
     """'fen' is the bare line; 'instruction' and the worked examples are chat messages ending
     with the position; each worked example lists exactly its position's legal moves."""
@@ -224,5 +256,6 @@ def test_prompts_instruction_and_worked_example():
     assert answer["content"] == "M: " + " ".join(sorted(legal_moves(ENDGAME_FEN)))
     assert "e1c1" in ENDGAME_ANSWER  # castling is a legal move to list
     with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example, "
-                                         "endgame_example, pieces_example, pawns_example"):  # fmt: skip
+                                         "endgame_example, pieces_example, pawns_example, "
+                                         "king_example"):  # fmt: skip
         generate_dataset(1, prompt="chat")

@@ -201,8 +201,8 @@ before the FEN; or every position also told piece by piece (`piece_list`), with 
 example whose moves follow its pieces in that order, so that each move's from-square can be
 copied from the prompt (a king, a knight and two pawns: a list rarely legal elsewhere); or
 the same asking for the pawns' moves alone, with a pawn example; or for the king's moves
-alone (one from-square, named in the prompt; its moves go to the squares next to it), with a
-king example."""
+alone (one from-square, named in the prompt; its moves go to the squares next to it, or two
+along its rank when castling), with a king example."""
 PROMPT_PIECE: dict[str, str] = {"pawns_example": "pawn", "king_example": "king"}
 """The prompts that ask for one kind of piece's moves, and that kind (`ChessRewardConfig.piece`);
 the others ask for every legal move."""

@@ -106,16 +106,19 @@ EXAMPLE_ANSWER = (
 ENDGAME_ANSWER = (
     "M: a1a2 a1a3 a1a4 a1a5 a1a6 a1a7 a1a8 a1b1 a1c1 a1d1 e1c1 e1d1 e1d2 e1e2 e1f1 e1f2"
 )  # every legal move of ENDGAME_FEN, castling queenside included (a test checks it)
-PAWNS_INSTRUCTION = INSTRUCTION.replace(
-    "every legal move of the side to move", "every legal move of the pawns of the side to move"
-)
+
+
+def _instruction_for(pieces: str) -> str:
+    """INSTRUCTION asking for the moves of `pieces` ("the pawns") of the side to move alone."""
+    return INSTRUCTION.replace("of the side to move", f"of {pieces} of the side to move")
+
+
+PAWNS_INSTRUCTION = _instruction_for("the pawns")
 PAWNS_FEN = "4k3/8/7P/3pp3/4PP2/2P5/P7/6K1 w - - 0 1"
 PAWNS_ANSWER = "M: a2a3 a2a4 c3c4 e4d5 f4e5 f4f5 h6h7"
 # every legal pawn move of PAWNS_FEN (a double step, a blocked pawn, two captures), pawn by
 # pawn in `piece_list` order (a test checks it)
-KING_INSTRUCTION = INSTRUCTION.replace(
-    "every legal move of the side to move", "every legal move of the king of the side to move"
-)
+KING_INSTRUCTION = _instruction_for("the king")
 KING_FEN = "8/8/4k3/8/1PK5/8/8/8 w - - 0 1"
 KING_ANSWER = "M: c4b3 c4b5 c4c3 c4c5 c4d3 c4d4"
 # every legal king move of KING_FEN: of the eight squares next to c4, b4 holds its own pawn

@@ -102,11 +102,15 @@ class GRPOConfig:
     sampler (vLLM, top-k/top-p, another rollout precision) are weighed and their gap reported
     against those log-probs, over the samples the loss scores; entropy/rollout_mean is then not
     recorded. False always runs the pass."""
-    skip_zero_advantage: bool = True
+    skip_zero_advantage: bool | str = True
     """Do not score or backpropagate samples whose advantage is exactly 0 (e.g. every sample
     of a group whose rewards are all equal) when kl_coeff and entropy_coeff are 0: their loss
     and gradient are then exactly 0, and they still count in the loss's denominators, so the
-    update is the same as without skipping. Metric skip/zero_advantage_frac."""
+    update is the same as without skipping. "always": skip them with a KL or entropy term too,
+    which drops their KL and entropy terms from the loss (another objective: the KL anchor then
+    acts only on the samples the policy gradient moves, and the reference scores those alone;
+    DAPO drops such groups from the batch whole, Yu et al. 2025). Metric
+    skip/zero_advantage_frac."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (Yu et al. 2025): drop groups none of whose advantages is
     non-zero (with the group baselines: rewards all equal) and sample new states until the
@@ -134,8 +138,10 @@ class GRPOConfig:
         _check_int(self, "seed", minimum=0)
         _check_int(self, "dynamic_sampling_max_rounds", minimum=0)
         for name in ("skip_redundant_old_logprobs", "skip_zero_advantage", "dynamic_sampling"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool) and (name, value) != ("skip_zero_advantage", "always"):
+                more = ' or "always"' if name == "skip_zero_advantage" else ""
+                raise ValueError(f"{name} must be True or False{more}, got {value!r}")
         for name in ("clip_epsilon", "kl_coeff", "entropy_coeff", "learning_rate"):
             _check_number(self, name, minimum=0.0, inclusive=name != "learning_rate")
         _check_number(self, "advantage_epsilon", minimum=0.0, inclusive=True)

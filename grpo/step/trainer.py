@@ -207,10 +207,11 @@ class GRPOTrainer:
         )  # fmt: skip
 
     def _skips_zero_advantage(self) -> bool:
-        """True when a zero-advantage sample's loss and gradient are exactly 0: no KL and no
-        entropy term (`GRPOConfig.skip_zero_advantage`)."""
+        """True when zero-advantage samples are skipped: where their loss and gradient are
+        exactly 0 (no KL and no entropy term), or always (`GRPOConfig.skip_zero_advantage`)."""
         c, no_kl = self.config, self.config.kl_coeff == 0 or self.reference_policy is None
-        return c.skip_zero_advantage and no_kl and c.entropy_coeff == 0
+        exact = no_kl and c.entropy_coeff == 0
+        return c.skip_zero_advantage == "always" or (c.skip_zero_advantage is True and exact)
 
     def _informative_rows(self, advantages: Tensor, num_local: int) -> Tensor:
         """This process's rows (local indices) whose global advantage is not 0, and row 0,

@@ -9,6 +9,8 @@ model. The reward (all values exact, see `ChessRewardConfig`):
 
 plus, when ``square_weight`` is set, ``square_weight`` times the share of distinct
 listed moves that start on a square of a piece asked for (`own_square_share`),
+plus, when ``wellformed_weight`` is set, ``wellformed_weight`` times the share of
+distinct listed entries that are well-formed moves (`wellformed_share`),
 and ``-format_penalty`` when the completion is not one ``M:`` line with at least
 one move. Repeating a legal move neither earns nor costs anything. Illegal
 moves include malformed ones ("zz", "e2e9").
@@ -103,6 +105,7 @@ __all__ = [
     "position_split",
     "reward",
     "score_completion",
+    "wellformed_share",
 ]
 
 SPLITS = ("train", "held_out")
@@ -126,10 +129,14 @@ class ChessRewardConfig:
     """Added times the share of distinct listed moves that start on a square holding a piece
     asked for (the side to move's, of kind `piece` when set), legal or not: a reward for
     reading the position from the prompt (>= 0; 0: off)."""
+    wellformed_weight: float = 0.0
+    """Added times the share of distinct listed entries that are well-formed UCI moves
+    (``e2e4``, ``e7e8q``), legal or not: a format reward for a list of separate moves, for a
+    model that writes one unbroken string after ``M:`` (>= 0; 0: off)."""
 
     def __post_init__(self) -> None:
         piece_types(self.piece)  # ValueError naming the choices
-        for name in ("illegal_penalty", "format_penalty", "square_weight"):
+        for name in ("illegal_penalty", "format_penalty", "square_weight", "wellformed_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -152,7 +159,15 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     value = check.coverage - config.illegal_penalty * illegal_share
     if config.square_weight:
         value += config.square_weight * own_square_share(fen, moves, config.piece)
+    if config.wellformed_weight:
+        value += config.wellformed_weight * wellformed_share(moves)
     return value
+
+
+def wellformed_share(moves: Sequence[str]) -> float:
+    """The share of the distinct `moves` that are well-formed UCI (``e2e4``, ``e7e8q``)."""
+    distinct = set(moves)
+    return sum(bool(_UCI.fullmatch(m)) for m in distinct) / len(distinct)
 
 
 def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -> float:
@@ -256,9 +271,10 @@ def breakdown(
     different position of `rows` (the last against the first): a list written without reading
     the position is about as legal there as on its own, so precision - precision_elsewhere is
     what reading it earns (nan for one position). own_square_rate is `own_square_share`:
-    distinct listed moves starting on a square of a piece asked for. With `piece`, only that
+    distinct listed moves starting on a square of a piece asked for; wellformed_rate is
+    `wellformed_share`, distinct listed entries that are well-formed moves. With `piece`, only that
     kind of piece's moves are legal and its squares count (as in the reward)."""
-    formatted = precision = coverage = elsewhere = own = 0.0
+    formatted = precision = coverage = elsewhere = own = wellformed = 0.0
     lists: set[frozenset[str]] = set()
     n = len(rows)
     positions = list(dict.fromkeys(row["fen"] for row in rows))  # rows may repeat a position
@@ -273,6 +289,7 @@ def breakdown(
         precision += check.precision
         coverage += check.coverage
         own += own_square_share(row["fen"], moves, piece)
+        wellformed += wellformed_share(moves)
         other = check_moves(after[row["fen"]], moves, piece)
         elsewhere += other.precision
     return {
@@ -281,6 +298,7 @@ def breakdown(
         "precision_elsewhere": elsewhere / n if len(positions) > 1 else float("nan"),
         "coverage": coverage / n,
         "own_square_rate": own / n,
+        "wellformed_rate": wellformed / n,
         "precision_formatted": precision / formatted if formatted else float("nan"),
         "distinct_rate": len(lists) / formatted if formatted else float("nan"),
     }

@@ -201,3 +201,63 @@ def test_dynamic_sampling_keeps_what_skipping_trains_on_without_a_baseline():
     assert metrics["skip/zero_advantage_frac"] == 0.0 and metrics["loss/token_frac"] == 1.0
     assert metrics["reward/sampled_mean"] == metrics["reward/mean"] == 1.5
     assert sorted(set(policy.scored_states)) == list(range(S))
+
+
+class MaskedReference:
+    """A reference that scores the samples whose reward is their state's mean (advantage 0:
+    a group whose rewards are all equal, and any sample at its group's mean) as the policy
+    does now (detached): their k3 KL term and its gradient are exactly 0, as
+    if they had none; the others as `reference`. Scores one whole step's samples at a time."""
+
+    def __init__(self, reference, policy):
+        self.reference, self.policy = reference, policy
+
+    def get_token_log_probabilities(self, states, actions):
+        ref = self.reference.get_token_log_probabilities(states, actions)
+        with torch.no_grad():
+            now = self.policy.get_token_log_probabilities(states, actions)
+        scores = [reward(s, a) for s, a in zip(states, actions, strict=True)]
+        by_state = {}
+        for state, score in zip(states, scores, strict=True):
+            by_state.setdefault(state, []).append(score)
+        mean = {state: sum(v) / len(v) for state, v in by_state.items()}
+        zero = torch.tensor([r == mean[s] for s, r in zip(states, scores, strict=True)])  # (N,)
+        return ref._replace(logprobs=torch.where(zero[:, None], now.logprobs, ref.logprobs))
+
+
+def test_always_skipping_drops_the_kl_term_of_zero_advantage_samples():
+    """skip_zero_advantage "always" with a KL term: odd states (every reward 1, advantage 0)
+    are never scored by the policy or the reference, and the update equals the one without
+    skipping whose KL term is 0 on the zero-advantage samples alone (SGD steps, 1e-6); it differs from the full-KL
+    update once the policy has left the reference."""
+
+    class CountingReference(SequencePolicy):
+        def get_token_log_probabilities(self, states, actions):
+            self.scored.extend(states)
+            return super().get_token_log_probabilities(states, actions)
+
+    def train(skip, mask=False):
+        torch.manual_seed(0)
+        policy = SequencePolicy(num_states=S, vocab_size=V, max_length=L, seed=1)
+        config = GRPOConfig(group_size=G, batch_size=S * G, kl_coeff=0.5, entropy_coeff=0.0,
+                            max_grad_norm=None, skip_zero_advantage=skip)  # fmt: skip
+        trainer = GRPOTrainer(policy, FunctionReward(reward),
+                              lambda ps: torch.optim.SGD(ps, lr=1.0), config)  # fmt: skip
+        # another seed: the policy starts away from the reference, so every state has a KL
+        # gradient (a table policy's odd states would otherwise never leave it)
+        reference = CountingReference(num_states=S, vocab_size=V, max_length=L, seed=2)
+        reference.scored = []
+        trainer.reference_policy = MaskedReference(reference, policy) if mask else reference
+        history = [trainer.train_step(list(range(S))) for _ in range(3)]
+        return policy.logits.detach().clone(), history, reference.scored
+
+    always, history, scored = train("always")
+    masked, _, masked_scored = train(False, mask=True)
+    full, _, _ = train(True)  # a KL term: True skips nothing
+    assert scored and all(s % 2 == 0 for s in scored)  # odd states never reach the reference
+    assert any(s % 2 == 1 for s in masked_scored)
+    assert all(h["skip/zero_advantage_frac"] >= 0.5 for h in history)
+    torch.testing.assert_close(always, masked, rtol=0, atol=1e-6)
+    assert (always - full).abs().max() > 1e-3  # the odd states' KL term moved the full run
+    with pytest.raises(ValueError, match='skip_zero_advantage must be True or False or "always"'):
+        GRPOConfig(skip_zero_advantage="sometimes")

@@ -31,6 +31,7 @@ from grpo.tasks.chess import (  # noqa: E402
     piece_list,
     reward,
     score_completion,
+    wellformed_share,
 )
 
 AFTER_E4 = "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
@@ -235,6 +236,29 @@ def test_king_prompt_asks_for_and_scores_the_kings_moves_alone():
     assert both["precision"] == 1.0 and both["coverage"] == 1.0  # e1e2 is the only one
     assert both["precision_elsewhere"] == 0.0  # neither king stands on the other's square
     assert both["own_square_rate"] == 1.0
+
+
+def test_wellformed_weight_pays_for_separate_well_formed_moves():
+    """wellformed_weight adds its share of distinct listed entries that are well-formed UCI
+    moves, legal or not: one unbroken string after 'M:' earns none of it, the same moves
+    spaced earn all; it is off by default and never turns a broken format into a list."""
+    assert wellformed_share(["e7b3b3b3b3"]) == 0.0
+    assert wellformed_share(["e2e4", "e2e4", "a1a1", "zz", "e7e8q"]) == 3 / 4  # 4 distinct
+    king = ChessRewardConfig(piece="king", wellformed_weight=0.25)
+    unbroken = "M: c4b3c4b5c4c3"
+    spaced = "M: c4b3 c4b5 c4c3"
+    assert score_completion(KING_FEN, unbroken, king) == -0.5  # one malformed, illegal entry
+    assert score_completion(KING_FEN, spaced, king) == pytest.approx(3 / 6 + 0.25, rel=1e-12)
+    # well-formed but illegal (a pawn's, a made-up one) next to a malformed entry
+    assert score_completion(KING_FEN, "M: b4b5 a1a1 c4", king) == pytest.approx(
+        0 - 0.5 * 1 + 0.25 * 2 / 3, rel=1e-12
+    )
+    assert score_completion(KING_FEN, "c4b3 c4b5", king) == -1.0  # no "M:" line
+    assert score_completion(KING_FEN, spaced, ChessRewardConfig(piece="king")) == 3 / 6
+    rows = [{"fen": KING_FEN}, {"fen": START_FEN}]
+    assert breakdown(rows, [unbroken, "M: e2e4 e2"], "king")["wellformed_rate"] == (0 + 1 / 2) / 2
+    with pytest.raises(ValueError, match="wellformed_weight must be a number >= 0"):
+        ChessRewardConfig(wellformed_weight=-0.1)
 
 
 def test_prompts_instruction_and_worked_example():

@@ -137,11 +137,14 @@ class GRPOConfig:
         _check_int(self, "gradient_accumulation_steps", minimum=1)
         _check_int(self, "seed", minimum=0)
         _check_int(self, "dynamic_sampling_max_rounds", minimum=0)
-        for name in ("skip_redundant_old_logprobs", "skip_zero_advantage", "dynamic_sampling"):
-            value = getattr(self, name)
-            if not isinstance(value, bool) and (name, value) != ("skip_zero_advantage", "always"):
-                more = ' or "always"' if name == "skip_zero_advantage" else ""
-                raise ValueError(f"{name} must be True or False{more}, got {value!r}")
+        for name in ("skip_redundant_old_logprobs", "dynamic_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.skip_zero_advantage, bool) and self.skip_zero_advantage != "always":
+            raise ValueError(
+                f'skip_zero_advantage must be True, False or "always", got '
+                f"{self.skip_zero_advantage!r}"
+            )
         for name in ("clip_epsilon", "kl_coeff", "entropy_coeff", "learning_rate"):
             _check_number(self, name, minimum=0.0, inclusive=name != "learning_rate")
         _check_number(self, "advantage_epsilon", minimum=0.0, inclusive=True)

@@ -3,7 +3,8 @@
 - The loss of an optimizer step is averaged over the whole step: k micro-batches
   (gradient accumulation) give the update of one concatenated batch, for every
   aggregation, token-level included (DAPO's denominator is the step's tokens).
-- Skipping zero-advantage samples changes nothing but the work done.
+- Skipping zero-advantage samples changes nothing but the work done; skipping
+  them "always", with a KL term, drops exactly their KL term.
 - Dynamic sampling trains only on informative groups, and its cap ends a step
   that cannot fill.
 
@@ -227,9 +228,9 @@ class MaskedReference:
 
 def test_always_skipping_drops_the_kl_term_of_zero_advantage_samples():
     """skip_zero_advantage "always" with a KL term: odd states (every reward 1, advantage 0)
-    are never scored by the policy or the reference, and the update equals the one without
-    skipping whose KL term is 0 on the zero-advantage samples alone (SGD steps, 1e-6); it differs from the full-KL
-    update once the policy has left the reference."""
+    never reach the reference, and the update equals the one without skipping whose KL
+    term is 0 on the zero-advantage samples alone (SGD steps, 1e-6); the full-KL update
+    differs (it pulls the odd states toward the reference)."""
 
     class CountingReference(SequencePolicy):
         def get_token_log_probabilities(self, states, actions):
@@ -259,5 +260,5 @@ def test_always_skipping_drops_the_kl_term_of_zero_advantage_samples():
     assert all(h["skip/zero_advantage_frac"] >= 0.5 for h in history)
     torch.testing.assert_close(always, masked, rtol=0, atol=1e-6)
     assert (always - full).abs().max() > 1e-3  # the odd states' KL term moved the full run
-    with pytest.raises(ValueError, match='skip_zero_advantage must be True or False or "always"'):
+    with pytest.raises(ValueError, match='skip_zero_advantage must be True, False or "always"'):
         GRPOConfig(skip_zero_advantage="sometimes")

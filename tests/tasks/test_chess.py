@@ -105,6 +105,7 @@ def test_evaluate_oracle_and_garbage():
         "precision_elsewhere": pytest.approx(elsewhere, rel=1e-12),
         "coverage": 1.0,
         "own_square_rate": 1.0,
+        "wellformed_rate": 1.0,
         "precision_formatted": 1.0,
         "distinct_rate": 1.0,
         "num_positions": 5.0,
@@ -130,6 +131,8 @@ def test_breakdown_on_hand_made_answers():
             "precision_elsewhere": 0.0,
             # distinct moves from a square of the side to move: e2 and d2 but not "zz"; all
             "own_square_rate": (2 / 3 + 1 + 1) / 4,
+            # distinct well-formed entries: all but "zz"
+            "wellformed_rate": (2 / 3 + 1 + 1) / 4,
             "coverage": (2 / 20 + 4 / 7 + 4 / 7) / 4,
             "precision_formatted": (2 / 3 + 1 + 1) / 3,
             "distinct_rate": 2 / 3,

@@ -22,6 +22,8 @@ token count of the optimizer step, not of a micro-batch.
 (their loss and gradient are exactly 0 when no KL or entropy term is added);
 they still count in the window's denominators, so the update is the one
 without skipping. A mini-batch left empty on every rank is not run at all.
+`skips_zero_advantage` says when a step skips them (`GRPOConfig.skip_zero_advantage`):
+where skipping is exact, or "always" (their KL and entropy terms then leave the loss).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from grpo.functional.advantages import informative
 from grpo.functional.losses import GlobalCounts
 from grpo.records import Rollout
 
-__all__ = ["MiniBatch", "optimizer_windows"]
+__all__ = ["MiniBatch", "optimizer_windows", "skips_zero_advantage"]
 
 
 class MiniBatch(NamedTuple):
@@ -45,6 +47,13 @@ class MiniBatch(NamedTuple):
     samples: Rollout  # this process's samples of it, advantages included
     counts: GlobalCounts  # sequences and counted tokens of the whole window (every rank)
     scale: float = 1.0  # 0 for a stand-in sample on a rank that holds none of it
+
+
+def skips_zero_advantage(config: Any, has_kl_term: bool) -> bool:
+    """Whether zero-advantage samples are skipped under `config` (a `GRPOConfig`): where their
+    loss and gradient are exactly 0 (no KL term, entropy_coeff 0), or always."""
+    exact = not has_kl_term and config.entropy_coeff == 0
+    return config.skip_zero_advantage == "always" or (config.skip_zero_advantage is True and exact)
 
 
 def optimizer_windows(

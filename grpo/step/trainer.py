@@ -57,7 +57,7 @@ from grpo.step.collect import (
     score_old_logprobs,
 )
 from grpo.step.metrics import loss_token_frac, rollout_metrics, step_summary
-from grpo.step.minibatch import MiniBatch, optimizer_windows
+from grpo.step.minibatch import MiniBatch, optimizer_windows, skips_zero_advantage
 from grpo.step.objective import GRPOObjective
 from grpo.step.timing import StepTimer, memory_metrics
 
@@ -163,7 +163,8 @@ class GRPOTrainer:
         rewards = self.parallel.gather(local.rewards)  # (N,) every rank's, in global order
         check_on_policy(self.config, len(rewards))
         advantages = self.advantage_estimator.from_rewards(rewards, self.config.group_size)
-        skip_zero = self._skips_zero_advantage()
+        has_kl = self.config.kl_coeff > 0 and self.reference_policy is not None
+        skip_zero = skips_zero_advantage(self.config, has_kl)
         counts = loss_token_counts(self.policy, local)  # (n,) None: unknown until scored
         stale = local.sampler_logprobs is not None  # π_old must be the trainer's own, now
         if counts is None or stale or not self._old_pass_redundant(len(rewards)):
@@ -205,13 +206,6 @@ class GRPOTrainer:
             partial(self.advantage_estimator.from_rewards, group_size=G),
             G, self.config.dynamic_sampling_max_rounds,
         )  # fmt: skip
-
-    def _skips_zero_advantage(self) -> bool:
-        """True when zero-advantage samples are skipped: where their loss and gradient are
-        exactly 0 (no KL and no entropy term), or always (`GRPOConfig.skip_zero_advantage`)."""
-        c, no_kl = self.config, self.config.kl_coeff == 0 or self.reference_policy is None
-        exact = no_kl and c.entropy_coeff == 0
-        return c.skip_zero_advantage == "always" or (c.skip_zero_advantage is True and exact)
 
     def _informative_rows(self, advantages: Tensor, num_local: int) -> Tensor:
         """This process's rows (local indices) whose global advantage is not 0, and row 0,

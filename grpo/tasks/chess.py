@@ -164,10 +164,19 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     return value
 
 
+def _share(moves: Sequence[str], keep: Callable[[str], bool]) -> float:
+    """The share of the distinct `moves` (at least one) that `keep` accepts."""
+    distinct = set(moves)
+    return sum(keep(m) for m in distinct) / len(distinct)
+
+
+def _wellformed(move: str) -> bool:
+    return bool(_UCI.fullmatch(move))
+
+
 def wellformed_share(moves: Sequence[str]) -> float:
     """The share of the distinct `moves` that are well-formed UCI (``e2e4``, ``e7e8q``)."""
-    distinct = set(moves)
-    return sum(bool(_UCI.fullmatch(m)) for m in distinct) / len(distinct)
+    return _share(moves, _wellformed)
 
 
 def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -> float:
@@ -175,8 +184,7 @@ def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -
     on a square of a piece asked for: the side to move's (of kind `piece` when set), legal or
     not."""
     squares = own_squares(fen, piece)
-    distinct = set(moves)
-    return sum(bool(_UCI.fullmatch(m)) and m[:2] in squares for m in distinct) / len(distinct)
+    return _share(moves, lambda m: _wellformed(m) and m[:2] in squares)
 
 
 def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[float]]:

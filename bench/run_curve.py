@@ -2,6 +2,10 @@
 metrics a user watches, from the run directory's metrics.jsonl.
 
     python bench/run_curve.py runs/smollm2_math --png docs/smollm2_math_run.png
+    python bench/run_curve.py RUN_A RUN_B --keys eval/greedy/precision eval/greedy/coverage
+
+Several runs share one figure, one line style each. `--keys` names other evaluation
+metrics than the word-problem task's accuracies (shares in [0, 1], such as the chess task's).
 
 Training seconds are the sum of `time/step` (sampling, rewards, loss, backward,
 optimizer): evaluations and checkpoints are off the clock. Panels: greedy
@@ -36,7 +40,7 @@ def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
             clock["sampling_seconds"] += row.get("time/sampling", 0.0)
             row["clip/frac"] = row.get("clip/low_frac", 0.0) + row.get("clip/high_frac", 0.0)
             steps.append({**row, **clock})
-        if SPLITS["pooled"] in row:
+        if any(key.startswith("eval/") for key in row):
             evaluations.append({**row, **clock})
     clocks = {row["step"]: row for row in steps}
     clocks[0] = {"seconds": 0.0, "sampling_seconds": 0.0}
@@ -52,35 +56,49 @@ def read(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("--keys", nargs="+", help="evaluation metrics (default: the accuracies)")
     parser.add_argument("--png", help="write the figure here")
     args = parser.parse_args(argv)
-    steps, evaluations = read(args.run_dir)
-    print("| step | training s | " + " | ".join(SPLITS) + " | greedy length |")
-    print("|---|---|" + "---|" * (len(SPLITS) + 1))
-    for e in evaluations:
-        cells = " | ".join(f"{100 * e[key]:.1f} %" if key in e else "-" for key in SPLITS.values())
-        print(f"| {e['step']} | {e['seconds']:.0f} | {cells} | {e['eval/greedy/length_mean']:.1f} |")
+    keys = {key.removeprefix("eval/"): key for key in args.keys} if args.keys else SPLITS
+    runs = {run_dir.name: read(run_dir) for run_dir in args.run_dirs}
+    for name, (_, evaluations) in runs.items():
+        print(f"{name}\n| step | training s | " + " | ".join(keys) + " | greedy length |")
+        print("|---|---|" + "---|" * (len(keys) + 1))
+        for e in evaluations:
+            cells = " | ".join(_cell(e.get(key)) for key in keys.values())
+            length = e.get("eval/greedy/length_mean", float("nan"))
+            print(f"| {e['step']} | {e['seconds']:.0f} | {cells} | {length:.1f} |")
     if args.png:
-        plot(steps, evaluations, args.png, args.run_dir.name)
+        plot(runs, keys, args.png)
 
 
-def plot(steps: list[dict], evaluations: list[dict], path: str, title: str) -> None:
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def plot(runs: dict[str, tuple[list[dict], list[dict]]], keys: dict[str, str], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    watched = [k for k in WATCHED if any(k in s for s in steps)]
+    watched = [k for k in WATCHED if any(k in s for steps, _ in runs.values() for s in steps)]
     fig, axes = plt.subplots(1, 1 + len(watched), figsize=(3.2 * (1 + len(watched)), 3.2))
-    for name, key in SPLITS.items():
-        axes[0].plot([e["seconds"] for e in evaluations],
-                     [100 * e.get(key, float("nan")) for e in evaluations], marker="o", label=name)  # fmt: skip
-    axes[0].set(xlabel="training seconds", ylabel="greedy accuracy (%)", title=f"{title}: held out")
-    axes[0].legend(fontsize=7)
-    for ax, key in zip(axes[1:], watched, strict=True):
-        ax.plot([s["step"] for s in steps], [s.get(key, float("nan")) for s in steps], lw=1)
-        ax.set(xlabel="step", title=key)
+    for style, (run, (steps, evaluations)) in zip(("-", "--", ":", "-."), runs.items(), strict=False):
+        prefix = f"{run}: " if len(runs) > 1 else ""
+        for name, key in keys.items():
+            axes[0].plot([e["seconds"] for e in evaluations],
+                         [100 * e.get(key, float("nan")) for e in evaluations], ls=style,
+                         marker="o", label=prefix + name)  # fmt: skip
+        for ax, key in zip(axes[1:], watched, strict=True):
+            ax.plot([s["step"] for s in steps], [s.get(key, float("nan")) for s in steps],
+                    ls=style, lw=1, label=run)  # fmt: skip
+            ax.set(xlabel="step", title=key)
+    title = next(iter(runs)) if len(runs) == 1 else "held out"
+    axes[0].set(xlabel="training seconds", ylabel="greedy (%)" if keys is SPLITS else "%",
+                title=title)  # fmt: skip
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

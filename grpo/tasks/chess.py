@@ -27,7 +27,9 @@ GRPO learns to copy its list into every position). ``"pieces_example"`` also tel
 each position piece by piece (`piece_list`) so that from-squares can be copied
 from the prompt, ``"pawns_example"`` asks for the shorter list of the pawns'
 moves alone and ``"king_example"`` for the king's (`PROMPT_PIECE`): every reward
-and metric then counts only that kind of piece's moves as legal.
+and metric then counts only that kind of piece's moves as legal;
+``"king_square_example"`` adds a last line naming the king's square, the from-square
+of every move asked for.
 
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end

@@ -107,6 +107,16 @@ def _pieces_prompt(fen: str) -> str:
     return f"{_fen_prompt(fen)}{piece_list(fen)}"
 
 
+def _king_square_prompt(fen: str) -> str:
+    """`_pieces_prompt` and a last line naming the square every king move starts on, so the
+    from-square is copied from the line just before the answer."""
+    import chess
+
+    board = board_from_fen(fen)
+    square = chess.square_name(board.king(board.turn))
+    return f"{_pieces_prompt(fen)}\nThe king is on {square}: each of its moves starts with {square}."
+
+
 def _instruction_prompt(
     fen: str, render: Callable[[str], str] = _fen_prompt, instruction: str = INSTRUCTION
 ) -> list[dict[str, str]]:
@@ -141,6 +151,9 @@ PROMPTS: dict[str, Callable[[str], str | list[dict[str, str]]]] = {
     "pieces_example": _worked_example(PIECES_FEN, PIECES_ANSWER, _pieces_prompt),
     "pawns_example": _worked_example(PAWNS_FEN, PAWNS_ANSWER, _pieces_prompt, PAWNS_INSTRUCTION),
     "king_example": _worked_example(KING_FEN, KING_ANSWER, _pieces_prompt, KING_INSTRUCTION),
+    "king_square_example": _worked_example(
+        KING_FEN, KING_ANSWER, _king_square_prompt, KING_INSTRUCTION
+    ),
 }
 """The prompt of a position: the bare FEN line; an instruction and the FEN as chat
 messages; the same with one worked example (the initial position, or a rook endgame)
@@ -150,6 +163,10 @@ copied from the prompt (a king, a knight and two pawns: a list rarely legal else
 the same asking for the pawns' moves alone, with a pawn example; or for the king's moves
 alone (one from-square, named in the prompt; its moves go to the squares next to it, or two
 along its rank when castling), with a king example."""
-PROMPT_PIECE: dict[str, str] = {"pawns_example": "pawn", "king_example": "king"}
+PROMPT_PIECE: dict[str, str] = {
+    "pawns_example": "pawn",
+    "king_example": "king",
+    "king_square_example": "king",
+}
 """The prompts that ask for one kind of piece's moves, and that kind (`ChessRewardConfig.piece`);
 the others ask for every legal move."""

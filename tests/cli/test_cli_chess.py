@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
-from grpo.tasks.chess import EXAMPLE_ANSWER
+from grpo.tasks.chess import KING_ANSWER
 from tests.cli import test_cli_fetch as fetching
 
 tiny, as_smollm2 = fetching.tiny, fetching.as_smollm2  # its fixtures, used here as there
@@ -28,7 +28,7 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
                                                                      tmp_path):  # fmt: skip
     """Two steps log a KL to the reference; both evaluations report every chess metric in both
     modes, the KL of the starting model to its own copy is 0 to rounding, and the prompt carries
-    the worked example."""
+    the king's worked example and names the king's square last."""
     wheel, spec, models = as_smollm2
     folder = models / spec.folder
     if not folder.is_dir():
@@ -50,7 +50,8 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
     for mode in ("greedy", "sampled"):  # k3 of float rounding alone: about x^2 / 2 for x ~ 1e-6
         assert 0.0 <= evaluations[0][f"eval/{mode}/kl_mean"] < 1e-9
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
-    assert sample["prompt"][2] == {"role": "assistant", "content": EXAMPLE_ANSWER}
+    assert sample["prompt"][2] == {"role": "assistant", "content": KING_ANSWER}
+    assert sample["prompt"][3]["content"].splitlines()[-1].startswith("The king is on ")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from grpo.tasks.chess import (  # noqa: E402
     PAWNS_INSTRUCTION,
     PIECES_ANSWER,
     PIECES_FEN,
+    PROMPT_PIECE,
     PROMPTS,
     START_FEN,
     ChessRewardConfig,
@@ -241,6 +242,24 @@ def test_king_prompt_asks_for_and_scores_the_kings_moves_alone():
     assert both["own_square_rate"] == 1.0
 
 
+def test_king_square_prompt_names_the_from_square_last():
+    """'king_square_example' is 'king_example' with one more line after each piece list, the
+    example's too: the side to move's king square, the from-square of every move asked for
+    (Black's e8 after 1. e4, c4 in the example, whose answer starts each move with it)."""
+    system, example, answer, user = PROMPTS["king_square_example"](AFTER_E4)
+    king = PROMPTS["king_example"](AFTER_E4)
+    assert system == king[0] and answer == king[2]
+    last = "The king is on e8: each of its moves starts with e8."
+    assert user["content"] == f"{king[3]['content']}\n{last}"
+    assert example["content"].endswith("\nThe king is on c4: each of its moves starts with c4.")
+    assert all(move.startswith("c4") for move in KING_ANSWER.removeprefix("M: ").split())
+    assert PROMPT_PIECE["king_square_example"] == "king"
+    rows = generate_dataset(10, seed=2, prompt="king_square_example")
+    assert [r["legal_moves"] for r in rows] == [
+        r["legal_moves"] for r in generate_dataset(10, seed=2, prompt="king_example")
+    ]
+
+
 def test_wellformed_weight_pays_for_separate_well_formed_moves():
     """wellformed_weight adds its share of distinct listed entries that are well-formed UCI
     moves, legal or not: one unbroken string after 'M:' earns none of it, the same moves
@@ -284,5 +303,5 @@ def test_prompts_instruction_and_worked_example():
     assert "e1c1" in ENDGAME_ANSWER  # castling is a legal move to list
     with pytest.raises(ValueError, match="prompt must be one of fen, instruction, example, "
                                          "endgame_example, pieces_example, pawns_example, "
-                                         "king_example"):  # fmt: skip
+                                         "king_example, king_square_example"):  # fmt: skip
         generate_dataset(1, prompt="chat")

@@ -109,11 +109,15 @@ def _pieces_prompt(fen: str) -> str:
 
 def _king_square_prompt(fen: str) -> str:
     """`_pieces_prompt` and a last line naming the square every king move starts on, so the
-    from-square is copied from the line just before the answer."""
+    from-square is copied from the line just before the answer. The side to move must have a
+    king (every generated position has both)."""
     import chess
 
     board = board_from_fen(fen)
-    square = chess.square_name(board.king(board.turn))
+    king = board.king(board.turn)
+    if king is None:
+        raise ValueError(f"king_square_example: the side to move has no king in {fen!r}")
+    square = chess.square_name(king)
     return f"{_pieces_prompt(fen)}\nThe king is on {square}: each of its moves starts with {square}."
 
 
@@ -162,7 +166,8 @@ example whose moves follow its pieces in that order, so that each move's from-sq
 copied from the prompt (a king, a knight and two pawns: a list rarely legal elsewhere); or
 the same asking for the pawns' moves alone, with a pawn example; or for the king's moves
 alone (one from-square, named in the prompt; its moves go to the squares next to it, or two
-along its rank when castling), with a king example."""
+along its rank when castling), with a king example, and the same with a last line that
+names the king's square."""
 PROMPT_PIECE: dict[str, str] = {
     "pawns_example": "pawn",
     "king_example": "king",

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
+from grpo.rewards.chess import board_from_fen
 from grpo.tasks.chess import KING_ANSWER
 from tests.cli import test_cli_fetch as fetching
 
 tiny, as_smollm2 = fetching.tiny, fetching.as_smollm2  # its fixtures, used here as there
 
-pytest.importorskip("chess")
+chess = pytest.importorskip("chess")
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2_chess.yaml"
 KEYS = ("reward_mean", "precision", "coverage", "format_rate", "length_mean", "kl_mean")
@@ -37,6 +38,7 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
     overrides = {
         **fetching.TINY_RUN, "model.path": str(folder), "run.dir": str(run), "schedule.num_steps": 2,
         "evaluation.every": 0, "policy.generation.max_new_tokens": 8,
+        "policy.precision": "fp32",  # the KL bound below is float32's rounding
     }  # fmt: skip
     args = [a for key, value in overrides.items() for a in ("--set", f"{key}={value}")]
     assert main(["train", str(CONFIG), *args]) == 0
@@ -51,7 +53,10 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
         assert 0.0 <= evaluations[0][f"eval/{mode}/kl_mean"] < 1e-9
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     assert sample["prompt"][2] == {"role": "assistant", "content": KING_ANSWER}
-    assert sample["prompt"][3]["content"].splitlines()[-1].startswith("The king is on ")
+    position = sample["prompt"][3]["content"]
+    board = board_from_fen(position.splitlines()[0].removeprefix("FEN: "))
+    square = chess.square_name(board.king(board.turn))
+    assert position.splitlines()[-1] == f"The king is on {square}: each of its moves starts with {square}."
 
 
 @pytest.mark.parametrize(
@@ -59,7 +64,7 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
     [
         (["task.options.prompt=chat"], "task.options.prompt: got 'chat'; allowed: fen, "
                                        "instruction, example, endgame_example, pieces_example, "
-                                       "pawns_example"),
+                                       "pawns_example, king_example, king_square_example"),
         (["task.options.piece=knight"], "task.options.piece: set by task.options.prompt"),
         (["task.name=word_problems", "task.options={}"],
          "evaluation.reference_kl: not supported by task 'word_problems'"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from grpo.rewards.chess import PIECE_KINDS, board_from_fen, piece_types
+from grpo.rewards.chess import PIECE_KINDS, board_from_fen, own_squares, piece_types
 
 __all__ = [
     "ENDGAME_ANSWER",
@@ -109,15 +109,13 @@ def _pieces_prompt(fen: str) -> str:
 
 def _king_square_prompt(fen: str) -> str:
     """`_pieces_prompt` and a last line naming the square every king move starts on, so the
-    from-square is copied from the line just before the answer. The side to move must have a
-    king (every generated position has both)."""
-    import chess
-
-    board = board_from_fen(fen)
-    king = board.king(board.turn)
-    if king is None:
-        raise ValueError(f"king_square_example: the side to move has no king in {fen!r}")
-    square = chess.square_name(king)
+    from-square is copied from the line just before the answer: the square the square
+    reward pays for (`own_squares`). The side to move must have one king (every generated
+    position has)."""
+    kings = own_squares(fen, "king")
+    if len(kings) != 1:
+        raise ValueError(f"king_square_example: the side to move needs one king in {fen!r}")
+    (square,) = kings
     return f"{_pieces_prompt(fen)}\nThe king is on {square}: each of its moves starts with {square}."
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from grpo.cli import main
-from grpo.rewards.chess import board_from_fen
+from grpo.rewards.chess import own_squares
 from grpo.tasks.chess import KING_ANSWER
 from tests.cli import test_cli_fetch as fetching
 
 tiny, as_smollm2 = fetching.tiny, fetching.as_smollm2  # its fixtures, used here as there
 
-chess = pytest.importorskip("chess")
+pytest.importorskip("chess")
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2_chess.yaml"
 KEYS = ("reward_mean", "precision", "coverage", "format_rate", "length_mean", "kl_mean")
@@ -54,8 +54,7 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])
     assert sample["prompt"][2] == {"role": "assistant", "content": KING_ANSWER}
     position = sample["prompt"][3]["content"]
-    board = board_from_fen(position.splitlines()[0].removeprefix("FEN: "))
-    square = chess.square_name(board.king(board.turn))
+    (square,) = own_squares(position.splitlines()[0].removeprefix("FEN: "), "king")
     assert position.splitlines()[-1] == f"The king is on {square}: each of its moves starts with {square}."
 
 

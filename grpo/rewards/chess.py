@@ -2,7 +2,8 @@
 
 Building blocks for chess rewards: the legal moves of a position given as a
 FEN, a check that splits a list of proposed moves into legal, illegal and
-repeated ones, and a reward callable for "play one legal move" prompts.
+repeated ones, the squares a piece reaches with the board otherwise empty,
+and a reward callable for "play one legal move" prompts.
 Moves are in UCI notation (``e2e4``, ``e7e8q``), the notation seed 001's
 model writes. The listing task of seed 001 builds on these in
 `grpo.tasks.chess`.
@@ -24,6 +25,7 @@ __all__ = [
     "legal_moves",
     "own_squares",
     "piece_types",
+    "reach",
     "score_by_position",
 ]
 
@@ -79,6 +81,32 @@ def own_squares(fen: str, piece: str | None = None) -> frozenset[str]:
     return frozenset(
         _chess().square_name(square) for kind in kinds for square in board.pieces(kind, board.turn)
     )
+
+
+def reach(fen: str, square: str) -> frozenset[str]:
+    """The squares the piece on `square` attacks or, a pawn, pushes to, all other pieces
+    removed: a king's neighbours, a knight's jumps, a slider's lines to the edge, a pawn's
+    diagonals (as if there were something to take) and its pushes, two from its starting
+    rank. Castling is not included; an empty square reaches nothing. ValueError for a FEN that
+    is not a legal position or a square that is not a1-h8."""
+    chess = _chess()
+    board = board_from_fen(fen)
+    try:
+        at = chess.parse_square(square)
+    except ValueError:
+        raise ValueError(f"square must name a square a1-h8, got {square!r}") from None
+    piece = board.piece_at(at)
+    if piece is None:
+        return frozenset()
+    alone = chess.BaseBoard(None)
+    alone.set_piece_at(at, piece)
+    targets = chess.SquareSet(alone.attacks_mask(at))
+    if piece.piece_type == chess.PAWN:
+        forward, start = (8, 1) if piece.color == chess.WHITE else (-8, 6)
+        pushes = (1, 2) if chess.square_rank(at) == start else (1,)
+        # board_from_fen rejects pawns on ranks 1 and 8: every push stays on the board
+        targets |= {at + n * forward for n in pushes}
+    return frozenset(chess.square_name(target) for target in targets)
 
 
 class MoveCheck(NamedTuple):

@@ -9,6 +9,9 @@ model. The reward (all values exact, see `ChessRewardConfig`):
 
 plus, when ``square_weight`` is set, ``square_weight`` times the share of distinct
 listed moves that start on a square of a piece asked for (`own_square_share`),
+plus, when ``reach_weight`` is set, ``reach_weight`` times the share of distinct listed
+moves that start on such a square and end on one their piece reaches on an empty board
+(`reach_share`),
 plus, when ``wellformed_weight`` is set, ``wellformed_weight`` times the share of
 distinct listed entries that are well-formed moves (`wellformed_share`),
 and ``-format_penalty`` when the completion is not one ``M:`` line with at least
@@ -56,6 +59,7 @@ from grpo.rewards.chess import (
     legal_moves,
     own_squares,
     piece_types,
+    reach,
     score_by_position,
 )
 from grpo.tasks import draw_distinct, hash_split
@@ -105,6 +109,7 @@ __all__ = [
     "parse_move_list",
     "piece_list",
     "position_split",
+    "reach_share",
     "reward",
     "score_completion",
     "wellformed_share",
@@ -131,6 +136,11 @@ class ChessRewardConfig:
     """Added times the share of distinct listed moves that start on a square holding a piece
     asked for (the side to move's, of kind `piece` when set), legal or not: a reward for
     reading the position from the prompt (>= 0; 0: off)."""
+    reach_weight: float = 0.0
+    """Added times the share of distinct listed moves that start on a square holding a piece
+    asked for and end on a square that piece reaches from there on an empty board (a king's
+    neighbours, a knight's jumps; `grpo.rewards.chess.reach`), legal or not: a reward for the
+    piece's rule of movement, blockers, checks and castling aside (>= 0; 0: off)."""
     wellformed_weight: float = 0.0
     """Added times the share of distinct listed entries that are well-formed UCI moves
     (``e2e4``, ``e7e8q``), legal or not: a format reward for a list of separate moves, for a
@@ -138,7 +148,13 @@ class ChessRewardConfig:
 
     def __post_init__(self) -> None:
         piece_types(self.piece)  # ValueError naming the choices
-        for name in ("illegal_penalty", "format_penalty", "square_weight", "wellformed_weight"):
+        for name in (
+            "illegal_penalty",
+            "format_penalty",
+            "square_weight",
+            "reach_weight",
+            "wellformed_weight",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -161,6 +177,8 @@ def score_completion(fen: str, text: str, config: ChessRewardConfig | None = Non
     value = check.coverage - config.illegal_penalty * illegal_share
     if config.square_weight:
         value += config.square_weight * own_square_share(fen, moves, config.piece)
+    if config.reach_weight:
+        value += config.reach_weight * reach_share(fen, moves, config.piece)
     if config.wellformed_weight:
         value += config.wellformed_weight * wellformed_share(moves)
     return value
@@ -187,6 +205,15 @@ def own_square_share(fen: str, moves: Sequence[str], piece: str | None = None) -
     not."""
     squares = own_squares(fen, piece)
     return _share(moves, lambda m: _wellformed(m) and m[:2] in squares)
+
+
+def reach_share(fen: str, moves: Sequence[str], piece: str | None = None) -> float:
+    """The share of the distinct `moves` that `own_square_share` counts and that end on a square
+    their piece reaches from its square on an empty board (`grpo.rewards.chess.reach`): moves
+    that follow the piece's rule of movement, legal or not (a promotion letter is not
+    checked)."""
+    reaches = {square: reach(fen, square) for square in own_squares(fen, piece)}
+    return _share(moves, lambda m: _wellformed(m) and m[2:4] in reaches.get(m[:2], ()))
 
 
 def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[float]]:
@@ -282,9 +309,11 @@ def breakdown(
     the position is about as legal there as on its own, so precision - precision_elsewhere is
     what reading it earns (nan for one position). own_square_rate is `own_square_share`:
     distinct listed moves starting on a square of a piece asked for; wellformed_rate is
-    `wellformed_share`, distinct listed entries that are well-formed moves. With `piece`, only that
+    `wellformed_share`, distinct listed entries that are well-formed moves; reach_rate is
+    `reach_share`, distinct listed moves that own_square_rate counts and that end where their
+    piece reaches on an empty board. With `piece`, only that
     kind of piece's moves are legal and its squares count (as in the reward)."""
-    formatted = precision = coverage = elsewhere = own = wellformed = 0.0
+    formatted = precision = coverage = elsewhere = own = reached = wellformed = 0.0
     lists: set[frozenset[str]] = set()
     n = len(rows)
     positions = list(dict.fromkeys(row["fen"] for row in rows))  # rows may repeat a position
@@ -299,6 +328,7 @@ def breakdown(
         precision += check.precision
         coverage += check.coverage
         own += own_square_share(row["fen"], moves, piece)
+        reached += reach_share(row["fen"], moves, piece)
         wellformed += wellformed_share(moves)
         other = check_moves(after[row["fen"]], moves, piece)
         elsewhere += other.precision
@@ -308,6 +338,7 @@ def breakdown(
         "precision_elsewhere": elsewhere / n if len(positions) > 1 else float("nan"),
         "coverage": coverage / n,
         "own_square_rate": own / n,
+        "reach_rate": reached / n,
         "wellformed_rate": wellformed / n,
         "precision_formatted": precision / formatted if formatted else float("nan"),
         "distinct_rate": len(lists) / formatted if formatted else float("nan"),

@@ -10,6 +10,7 @@ from grpo.rewards.chess import (  # noqa: E402
     legal_move_reward,
     legal_moves,
     own_squares,
+    reach,
 )
 
 START = "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
@@ -56,6 +57,26 @@ def test_own_squares_of_the_side_to_move():
     assert own_squares(PROMOTION) == {"a1", "a7"} and own_squares(PROMOTION, "pawn") == {"a7"}
     assert own_squares(START, "pawn") == {f"{file}2" for file in "abcdefgh"}
     assert len(own_squares(START)) == 16 and "e8" not in own_squares(START)
+
+
+def test_reach_is_the_rule_of_movement_on_an_empty_board():
+    """A piece's reach ignores blockers and checks: the e1 king reaches its five neighbours
+    though its own pieces stand there (none is legal at the start); a knight its jumps, a
+    pawn its pushes (two from its starting rank, one after) and its diagonals (one on the
+    a-file), Black's pawns downward; a bishop its two diagonals to the edge, a rook its rank
+    and file, a queen both; an empty square nothing."""
+    assert reach(START, "e1") == {"d1", "d2", "e2", "f1", "f2"} and not legal_moves(START, "king")
+    assert reach(START, "g1") == {"e2", "f3", "h3"}
+    assert reach(START, "e2") == {"d3", "e3", "e4", "f3"}
+    assert reach(START, "e7") == {"d6", "e6", "e5", "f6"}
+    assert reach(START, "a2") == {"a3", "a4", "b3"}
+    assert reach(START, "c1") == {"b2", "a3", "d2", "e3", "f4", "g5", "h6"}
+    assert reach(START, "a1") == {f"a{rank}" for rank in "2345678"} | {f"{f}1" for f in "bcdefgh"}
+    assert len(reach(START, "d1")) == 7 + 7 + 3 + 4  # d-file, first rank, two diagonals
+    assert reach(START, "e4") == frozenset()
+    assert reach(PROMOTION, "a7") == {"a8", "b8"} and reach(PROMOTION, "a1") == {"a2", "b1", "b2"}
+    with pytest.raises(ValueError, match="square must name a square a1-h8, got 'e9'"):
+        reach(START, "e9")
 
 
 def test_legal_move_reward_exact():

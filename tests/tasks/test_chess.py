@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("chess")
 
-from grpo.rewards.chess import legal_moves  # noqa: E402
+from grpo.rewards.chess import board_from_fen, legal_moves  # noqa: E402
 from grpo.tasks.chess import (  # noqa: E402
     ENDGAME_ANSWER,
     ENDGAME_FEN,
@@ -30,6 +30,7 @@ from grpo.tasks.chess import (  # noqa: E402
     own_square_share,
     parse_move_list,
     piece_list,
+    reach_share,
     reward,
     score_completion,
     wellformed_share,
@@ -99,6 +100,9 @@ def test_evaluate_oracle_and_garbage():
     moves = [legal_moves(r["fen"]) for r in rows]
     elsewhere = sum(len(m & moves[(i + 1) % 5]) / len(m) for i, m in enumerate(moves)) / 5
     assert 0 < elsewhere < 1
+    # castling, the one legal move outside a king's reach, is legal in none of these
+    boards = [board_from_fen(r["fen"]) for r in rows]
+    assert not any(board.is_castling(m) for board in boards for m in board.legal_moves)
     assert perfect == {
         "reward": 1.0,
         "format_rate": 1.0,
@@ -106,6 +110,7 @@ def test_evaluate_oracle_and_garbage():
         "precision_elsewhere": pytest.approx(elsewhere, rel=1e-12),
         "coverage": 1.0,
         "own_square_rate": 1.0,
+        "reach_rate": 1.0,
         "wellformed_rate": 1.0,
         "precision_formatted": 1.0,
         "distinct_rate": 1.0,
@@ -132,6 +137,9 @@ def test_breakdown_on_hand_made_answers():
             "precision_elsewhere": 0.0,
             # distinct moves from a square of the side to move: e2 and d2 but not "zz"; all
             "own_square_rate": (2 / 3 + 1 + 1) / 4,
+            # e2e4 d2d4 pawn pushes; a1a2 a1b1 a1b2 king steps; a7a8q a push: all of
+            # own_square_rate's
+            "reach_rate": (2 / 3 + 1 + 1) / 4,
             # distinct well-formed entries: all but "zz"
             "wellformed_rate": (2 / 3 + 1 + 1) / 4,
             "coverage": (2 / 20 + 4 / 7 + 4 / 7) / 4,
@@ -240,6 +248,31 @@ def test_king_prompt_asks_for_and_scores_the_kings_moves_alone():
     assert both["precision"] == 1.0 and both["coverage"] == 1.0  # e1e2 is the only one
     assert both["precision_elsewhere"] == 0.0  # neither king stands on the other's square
     assert both["own_square_rate"] == 1.0
+    assert both["reach_rate"] == 1.0  # e1e2 and every move of the example: one king step
+
+
+def test_reach_weight_pays_for_the_kings_rule_of_movement():
+    """reach_share counts distinct well-formed moves from the king's square that end one king
+    step away, legal or not: after 1. e4 e5 the king on e1 has one legal move, e1e2; e1d1
+    (its queen stands there) follows the rule, e1e3 does not, g1f3 is not the king's.
+    reach_weight adds its share; the repeat of e1e2 counts once."""
+    after_e4_e5 = "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"
+    moves = ["e1e2", "e1e3", "e1d1", "g1f3", "e1e2"]
+    assert own_square_share(after_e4_e5, moves, "king") == 3 / 4
+    assert reach_share(after_e4_e5, moves, "king") == 2 / 4
+    assert reach_share(after_e4_e5, moves) == 3 / 4  # all pieces: g1f3 is a knight's jump
+    # malformed ("e1e2x", "e1", "e1e9") and from an empty square (e2e3): none
+    assert reach_share(after_e4_e5, ["e1e2x", "e1", "e1e9", "e2e3", "e1f2"], "king") == 1 / 5
+    config = ChessRewardConfig(piece="king", reach_weight=0.25)
+    text = "M: " + " ".join(moves)
+    # coverage 1/1, illegal e1e3 e1d1 g1f3 of 4 distinct, reach 2/4
+    assert score_completion(after_e4_e5, text, config) == pytest.approx(
+        1 - 0.5 * 3 / 4 + 0.25 * 2 / 4, rel=1e-12
+    )
+    metrics = breakdown([{"fen": after_e4_e5}, {"fen": AFTER_E4}], [text, "M: e1e2"], "king")
+    assert metrics["reach_rate"] == pytest.approx((2 / 4 + 0) / 2, rel=1e-12)  # e1e2: not Black's
+    with pytest.raises(ValueError, match="reach_weight must be a number >= 0, got -1"):
+        ChessRewardConfig(reach_weight=-1)
 
 
 def test_king_square_prompt_names_the_from_square_last():

@@ -212,7 +212,8 @@ def reach_share(fen: str, moves: Sequence[str], piece: str | None = None) -> flo
     their piece reaches from its square on an empty board (`grpo.rewards.chess.reach`): moves
     that follow the piece's rule of movement, legal or not (a promotion letter is not
     checked)."""
-    reaches = {square: reach(fen, square) for square in own_squares(fen, piece)}
+    listed = {m[:2] for m in moves if _wellformed(m)} & own_squares(fen, piece)
+    reaches = {square: reach(fen, square) for square in listed}  # the listed from-squares only
     return _share(moves, lambda m: _wellformed(m) and m[2:4] in reaches.get(m[:2], ()))
 
 

@@ -121,6 +121,24 @@ def test_train_operation_weights_change_only_the_training_mix():
     assert {r["operations"] for r in generate_dataset(50, config=plain)} == {1, 2}
 
 
+def test_the_smollm2_config_trains_on_one_and_two_step_stories(tiny_llama):
+    """configs/smollm2_math.yaml trains on one-operation stories four times in five and
+    two-operation ones otherwise, never three; with its curriculum set to null the training
+    split draws three-operation stories again, as the held-out splits do."""
+    config_path = Path(__file__).resolve().parents[2] / "configs" / "smollm2_math.yaml"
+    overrides = [f"model.path={tiny_llama}", "task.train_size=400", "task.eval_size=4",
+                 "policy.precision=fp32"]  # fmt: skip
+
+    def counts(*more):
+        parts = build_task(load_config(config_path, [*overrides, *more]))
+        return [sum(s["operations"] == k for s in parts.train_states) for k in (1, 2, 3)]
+
+    one, two, three = counts()
+    assert three == 0 and one + two == 400
+    assert 0.74 < one / 400 < 0.86  # 0.8, within about three standard errors (0.02 each)
+    assert counts("task.options.train_operation_weights=null")[2] > 40  # 0.2 of 400 expected
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

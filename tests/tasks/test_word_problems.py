@@ -124,7 +124,8 @@ def test_train_operation_weights_change_only_the_training_mix():
 def test_the_smollm2_config_trains_on_one_and_two_step_stories(tiny_llama):
     """configs/smollm2_math.yaml trains on one-operation stories four times in five and
     two-operation ones otherwise, never three; with its curriculum set to null the training
-    split draws three-operation stories again, as the held-out splits do."""
+    split draws three-operation stories again (the held-out splits never change with it: the
+    test above)."""
     config_path = Path(__file__).resolve().parents[2] / "configs" / "smollm2_math.yaml"
     overrides = [f"model.path={tiny_llama}", "task.train_size=400", "task.eval_size=4",
                  "policy.precision=fp32"]  # fmt: skip

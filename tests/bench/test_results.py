@@ -1,0 +1,128 @@
+"""bench/records.py and bench/render_results.py: the published numbers are the records' numbers,
+a changed source file flags its record, and README carries no figure typed by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import contextlib
+
+import records  # noqa: E402
+import render_results  # noqa: E402
+
+
+def test_every_block_of_every_page_is_what_the_records_render():
+    """README.md and docs/*.md hold, between their markers, exactly what the renderers make of
+    bench/results/ (run `python bench/render_results.py` after measuring)."""
+    recs = records.load_records()
+    for page in render_results.pages():
+        text = page.read_text()
+        assert render_results.render_page(text, recs) == text, (
+            f"{page.relative_to(REPO)}: a rendered block differs from its records; run "
+            "python bench/render_results.py"
+        )
+
+
+def test_every_record_says_how_it_was_measured():
+    """Each record names a command of this repository, a commit, a date, the machine, the
+    files it depends on and its results; and every record is shown on some page."""
+    recs = records.load_records()
+    shown = "".join(page.read_text() for page in render_results.pages())
+    for name, record in recs.items():
+        assert record["command"].startswith("python "), name
+        script = record["command"].split()[1]
+        assert (REPO / script).is_file(), f"{name}: {script} is not in the repository"
+        assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]), name
+        assert {"cpu", "cores", "flags", "packages"} <= set(record["machine"]), name
+        assert record["depends_on"] and record["results"], name
+        uses = [n for n in render_results.RENDERERS if f"<!-- results:{n} -->" in shown]
+        assert any(name in _records_read(n) for n in uses), f"{name}: rendered on no page"
+
+
+def _records_read(block: str) -> set[str]:
+    """The record names a renderer reads, found by running it on a recording dict."""
+    seen: set[str] = set()
+
+    class Recording(dict):
+        def __getitem__(self, key):
+            seen.add(key)
+            return super().__getitem__(key)
+
+    with contextlib.suppress(KeyError):
+        render_results.RENDERERS[block](Recording(records.load_records()))
+    return seen
+
+
+def _record(tmp_path: Path, files: dict[str, str]) -> dict:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    argv = ["bench/train_seeds.py", "x"]
+    path = records.write_record("probe", {"x": 1}, ["a.py", "folder"], argv=argv,
+                                folder=tmp_path / "results", root=tmp_path)  # fmt: skip
+    return json.loads(path.read_text())
+
+
+def test_a_record_turns_stale_when_a_file_it_depends_on_changes(tmp_path):
+    """Unchanged files: nothing stale; an edited file, a new file in a folder it depends on and
+    a deleted file are each named."""
+    record = _record(tmp_path, {"a.py": "x = 1\n", "folder/b.py": "y = 2\n"})
+    assert record["depends_on_paths"] == ["a.py", "folder"]
+    assert records.stale(record, tmp_path) == []
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert records.stale(record, tmp_path) == ["a.py"]
+    (tmp_path / "folder" / "c.py").write_text("z = 3\n")
+    (tmp_path / "folder" / "b.py").unlink()
+    assert records.stale(record, tmp_path) == ["a.py", "folder/b.py", "folder/c.py"]
+
+
+def test_a_stale_record_is_rendered_with_a_warning_naming_the_files(monkeypatch):
+    """`source` names the command and commit, and a stale record's changed files."""
+    record = {"command": "python bench/x.py", "commit": "0123456789" * 4, "dirty": [],
+              "date": "2026-01-01 00:00 UTC", "depends_on": {}, "depends_on_paths": [],
+              "machine": {"cpu": "CPU", "cores": 2, "flags": [], "gpu": None,
+                          "packages": {"torch": "2"}}}  # fmt: skip
+    assert "Stale" not in render_results.source(record)
+    assert "`python bench/x.py` at commit 0123456" in render_results.source(record)
+    monkeypatch.setattr(render_results, "stale", lambda r: ["grpo/lm/policy.py"])
+    assert "**Stale:** `grpo/lm/policy.py` changed" in render_results.source(record)
+
+
+def test_an_unknown_block_is_an_error():
+    """A marker naming no renderer fails instead of being left as it is."""
+    with pytest.raises(KeyError, match="no-such"):
+        render_results.render_page("<!-- results:no-such -->\nx\n<!-- /results:no-such -->", {})
+
+
+MEASURED = re.compile(
+    r"\b\d+(?:[.,]\d+)?\s?(?:%|s\b|seconds|minutes|min\b|GiB|MiB|GB|MB|points|x\b|×|tokens/s)"
+)
+
+
+def hand_typed_figures(text: str) -> list[str]:
+    """Measured-looking figures (a number with %, s, GiB, x, points ...) outside rendered
+    blocks and code: those must come from records."""
+    text = render_results.BLOCK.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m.group(0) for m in MEASURED.finditer(text)]
+
+
+def test_readme_has_no_hand_typed_measurement():
+    """Every measured figure README shows sits in a rendered block."""
+    assert hand_typed_figures((REPO / "README.md").read_text()) == []
+
+
+def test_the_figure_check_can_fail():
+    """A percentage or a time typed into prose is found; inside a block or code it is not."""
+    text = ("It ends at 89.4 % in 76 s.\n```\n12 s\n```\n"
+            "<!-- results:demo-seeds -->\n50 %\n<!-- /results:demo-seeds -->\n")  # fmt: skip
+    assert hand_typed_figures(text) == ["89.4 %", "76 s"]

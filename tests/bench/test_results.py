@@ -3,6 +3,7 @@ a changed source file flags its record, and README carries no figure typed by ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -12,8 +13,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-
-import contextlib
 
 import records  # noqa: E402
 import render_results  # noqa: E402

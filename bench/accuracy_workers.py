@@ -41,6 +41,7 @@ ACCURACY = "eval/greedy/accuracy"
 EXTRA = (  # more held-out figures recorded where the task reports them (word problems)
     "eval/heldout_numbers/greedy/accuracy",
     "eval/heldout_phrasings/greedy/accuracy",
+    "eval/heldout_bare/greedy/accuracy",
     "eval/greedy/length_mean",
 )
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 SPLITS = {"pooled": "eval/greedy/accuracy",
           "new numbers": "eval/heldout_numbers/greedy/accuracy",
-          "unseen phrasings": "eval/heldout_phrasings/greedy/accuracy"}  # fmt: skip
+          "unseen phrasings": "eval/heldout_phrasings/greedy/accuracy",
+          "bare question": "eval/heldout_bare/greedy/accuracy"}  # fmt: skip
 WATCHED = ("reward/mean", "completion/length_mean", "reward/zero_std_frac", "entropy/mean",
            "clip/frac", "loss/kl")  # fmt: skip
 

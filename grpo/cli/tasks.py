@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -136,7 +135,7 @@ def _word_problems(config: RunConfig) -> TaskParts:
     headline = tuple(
         f"eval/{split}{mode}/{key}"
         for mode in modes
-        for split in ("", "heldout_numbers/", "heldout_phrasings/")
+        for split in ("", *(f"{split}/" for split in wp.SPLITS[1:]))
         for key in ("accuracy", "accuracy_strict")
     )
     evaluate = _split_evaluation(config, parts.policy, reward, held, check, wp.breakdown)
@@ -145,7 +144,9 @@ def _word_problems(config: RunConfig) -> TaskParts:
 
 def _split_evaluation(config, policy, reward, held, accuracy, breakdown) -> Callable:
     """An evaluator over several named held-out sets: "eval/<split>/<mode>/..." for each, and
-    all of them pooled under "eval/<mode>/..." (`_pooled`)."""
+    all of them pooled under "eval/<mode>/...": the task's `breakdown` over every split's rows
+    at once (so its counts, accuracies and clustered standard error are those of the pooled
+    set), the other metrics as means weighted by each split's problems (`_pooled`)."""
     from grpo.run.evaluation import evaluate
 
     e = config.evaluation
@@ -153,41 +154,44 @@ def _split_evaluation(config, policy, reward, held, accuracy, breakdown) -> Call
     def run_evaluation():
         metrics: dict[str, float] = {}
         samples: list[dict] = []
+        scored = {mode: ([], []) for mode in e.modes}  # mode -> (every row, every completion)
         for split, rows in held.items():
+            calls = []  # one (rows, completions) per mode, in the order of e.modes
+
+            def recording(states, texts, calls=calls):
+                calls.append((states, texts))
+                return breakdown(states, texts)
+
             found, shown = evaluate(
                 policy, rows, reward, accuracy=accuracy, modes=e.modes,
                 samples_per_prompt=e.samples_per_prompt, batch_size=e.batch_size,
-                num_logged_samples=e.num_logged_samples, breakdown=breakdown,
+                num_logged_samples=e.num_logged_samples, breakdown=recording,
             )  # fmt: skip
+            for mode, (states, texts) in zip(e.modes, calls, strict=True):
+                scored[mode][0].extend(states)
+                scored[mode][1].extend(texts)
             metrics |= {f"eval/{split}/{k.removeprefix('eval/')}": v for k, v in found.items()}
             samples += [{"split": split, **sample} for sample in shown]
-        metrics |= _pooled(metrics, {split: len(rows) for split, rows in held.items()})
-        return metrics, samples
+        pooled = {f"eval/{mode}/{k}": v for mode, (states, texts) in scored.items()
+                  for k, v in breakdown(states, texts).items()}  # fmt: skip
+        sizes = {split: len(rows) for split, rows in held.items()}
+        return metrics | _pooled(metrics, sizes, skip=pooled) | pooled, samples
 
     return run_evaluation
 
 
-def _pooled(metrics: dict[str, float], sizes: dict[str, int]) -> dict[str, float]:
+def _pooled(metrics: dict[str, float], sizes: dict[str, int], skip=()) -> dict[str, float]:
     """"eval/<split>/<mode>/<key>" of every split -> "eval/<mode>/<key>" of all together: a mean
-    weighted by problems (a "..._opsK" key by that split's num_problems_opsK), counts summed."""
+    weighted by each split's problems, for each key not in `skip` (a spread does not pool as a
+    mean: "/std" keys are left out)."""
     pooled: dict[str, float] = {}
     keys = {k.split("/", 2)[2] for k in metrics if k.split("/")[1] in sizes}
     for key in sorted(keys):
-        found = [(s, metrics.get(f"eval/{s}/{key}")) for s in sizes]
-        found = [(s, v) for s, v in found if v is not None]
-        mode, _, name = key.partition("/")
-        ops = re.search(r"_ops\d+$", name)
-        if name.startswith("num_problems"):
-            pooled[f"eval/{key}"] = sum(v for _, v in found)
+        if f"eval/{key}" in skip or key.endswith("/std"):
             continue
-        if name.endswith("/std"):
-            continue  # a spread does not pool as a mean
-        weights = [
-            metrics[f"eval/{s}/{mode}/num_problems{ops.group()}"] if ops else sizes[s]
-            for s, _ in found
-        ]
-        total = sum(weights)
-        pooled[f"eval/{key}"] = sum(w * v for w, (_, v) in zip(weights, found, strict=True)) / total
+        found = [(sizes[s], metrics[f"eval/{s}/{key}"]) for s in sizes if f"eval/{s}/{key}" in metrics]
+        total = sum(w for w, _ in found)
+        pooled[f"eval/{key}"] = sum(w * v for w, v in found) / total
     return pooled
 
 

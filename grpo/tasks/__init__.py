@@ -1,12 +1,13 @@
 """Built-in tasks: seeded dataset generators, rewards and evaluations (`arithmetic`, `chess`,
-`guess_number`, `word_problems`), and the two helpers the generators share."""
+`guess_number`, `word_problems`), and the helpers the generators and evaluations share."""
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 
-__all__ = ["draw_distinct", "hash_split"]
+__all__ = ["clustered_standard_error", "draw_distinct", "hash_split"]
 
 _HASH_BUCKETS = 10_000
 
@@ -44,3 +45,29 @@ def draw_distinct(
     if len(found) < count:
         raise ValueError(shortfall(len(found)))
     return found
+
+
+def clustered_standard_error(values: Sequence[float], clusters: Sequence[Hashable]) -> float:
+    """Standard error of the mean of `values` when items of one cluster are not independent
+    (problems that share an equation, samples of one prompt).
+
+    The cluster-robust variance of a mean (Cameron and Miller, 2015, "A Practitioner's Guide
+    to Cluster-Robust Inference", eq. 11 with its small-sample factor C / (C - 1)):
+
+        Var = C / (C - 1) * sum_c (sum_{i in c} (y_i - mean))^2 / n^2
+
+    for n values in C clusters. With one value a cluster it is the usual s / sqrt(n) with s
+    the standard deviation over n - 1 (the two agree exactly); with repeats it grows with how
+    alike a cluster's values are. NaN with fewer than two clusters (no spread to measure).
+    """
+    if len(values) != len(clusters):
+        raise ValueError(f"values and clusters differ in length: {len(values)} and {len(clusters)}")
+    n = len(values)
+    sums: dict[Hashable, float] = {}
+    mean = math.fsum(values) / n if n else float("nan")
+    for value, cluster in zip(values, clusters, strict=True):
+        sums[cluster] = sums.get(cluster, 0.0) + (value - mean)
+    c = len(sums)
+    if c < 2:
+        return float("nan")
+    return math.sqrt(c / (c - 1) * math.fsum(s * s for s in sums.values())) / n

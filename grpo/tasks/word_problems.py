@@ -9,14 +9,25 @@ phrasing of every kind is held out (`HELD_OUT_TEMPLATES`) and training never
 sees it. The prompt is a list of chat messages (an instruction, one worked
 example, the problem), so a chat model reads it through its chat template.
 
-Three splits:
+Four splits:
 - "train": training phrasings, equations whose hash falls in the train share;
 - "heldout_numbers": training phrasings, equations whose hash falls in the
   held-out share (an equation is the start value and the operations, so the
   same numbers never reach training under any name, object or phrasing);
-- "heldout_phrasings": held-out equations told only with held-out phrasings.
-The two held-out splits share their equations' distribution, so the gap
-between them is the phrasing alone.
+- "heldout_phrasings": held-out equations told only with held-out phrasings;
+- "heldout_bare": held-out equations in held-out phrasings, asked as a bare
+  question: no instruction, no worked example, no request for "Answer: N"
+  (the final number of the reply is scored). It measures the skill outside
+  the prompt that training used.
+The held-out splits share their equations' distribution, so the gap between
+"heldout_numbers" and "heldout_phrasings" is the phrasing alone, and between
+"heldout_phrasings" and "heldout_bare" the scaffold alone.
+
+Few distinct equations exist with one operation (about 35 in the held-out
+share at the default sizes), so a held-out split repeats them: `breakdown`
+reports how many distinct equations a split holds and a standard error
+clustered by equation (`grpo.tasks.clustered_standard_error`), which is the
+honest noise of an accuracy over such a split.
 
 Rewards follow the library's contract ``reward(prompts, completions, **columns)``
 and read the ``answer`` column (an integer as text):
@@ -40,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.tasks import draw_distinct, hash_split
+from grpo.tasks import clustered_standard_error, draw_distinct, hash_split
 
 __all__ = [
     "ANSWER_CHECKS", "HELD_OUT_TEMPLATES", "OPERATORS", "SPLITS", "TEMPLATES", "Problem",
@@ -49,7 +60,9 @@ __all__ = [
 ]  # fmt: skip
 
 OPERATORS = ("+", "-", "*", "/")
-SPLITS = ("train", "heldout_numbers", "heldout_phrasings")
+SPLITS = ("train", "heldout_numbers", "heldout_phrasings", "heldout_bare")
+HELD_OUT_PHRASINGS = ("heldout_phrasings", "heldout_bare")
+"""The splits told only with held-out phrasings."""
 
 # Sentence kinds: "start", one per operator, "question". Fields: {name}, {other}, {objects}, {n}.
 TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -206,7 +219,7 @@ def _phrasings(kind: str, split: str) -> range:
     """Template indices of a sentence kind that `split` may use."""
     total = len(TEMPLATES[kind])
     cut = total - HELD_OUT_TEMPLATES
-    return range(cut, total) if split == "heldout_phrasings" else range(cut)
+    return range(cut, total) if split in HELD_OUT_PHRASINGS else range(cut)
 
 
 def _draw_step(
@@ -247,8 +260,12 @@ def _draw_problem(rng: random.Random, config: WordProblemsConfig, split: str) ->
     return Problem(start, tuple(steps), phrasings, name, other, rng.choice(OBJECTS))
 
 
-def messages(problem_text: str, worked_example: bool = True) -> list[dict[str, str]]:
-    """The chat prompt: the instruction, optionally one worked example, then the problem."""
+def messages(problem_text: str, worked_example: bool = True, bare: bool = False
+             ) -> list[dict[str, str]]:  # fmt: skip
+    """The chat prompt: the instruction, optionally one worked example, then the problem;
+    `bare`: the problem alone."""
+    if bare:
+        return [{"role": "user", "content": problem_text}]
     turns = [{"role": "system", "content": INSTRUCTION}]
     if worked_example:
         turns += [
@@ -293,7 +310,7 @@ def generate_dataset(
     )  # fmt: skip
     return [
         {
-            "prompt": messages(text, config.worked_example),
+            "prompt": messages(text, config.worked_example, bare=split == "heldout_bare"),
             "answer": str(drawn[text].answer),
             "operations": len(drawn[text].steps),
             "equation": drawn[text].equation,
@@ -376,12 +393,17 @@ ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {"integer": correct, "mat
 
 def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> dict[str, float]:
     """Evaluation metrics of one completion per row: accuracy (lenient), accuracy_strict,
-    answer_format, and both accuracies per number of operations (accuracy_ops1, ...)."""
+    answer_format, the number of distinct equations (num_equations) and the accuracy's
+    standard error clustered by equation (accuracy_se), and both accuracies per number of
+    operations (accuracy_ops1, ...)."""
     answers = [row["answer"] for row in rows]
     lenient = correct([], completions, answers)
     strict = correct_strict([], completions, answers)
+    equations = [row["equation"] for row in rows]
     metrics = {
         "accuracy": _mean(lenient),
+        "accuracy_se": clustered_standard_error(lenient, equations) if rows else float("nan"),
+        "num_equations": float(len(set(equations))),
         "accuracy_strict": _mean(strict),
         "answer_format": _mean(answer_format([], completions)),
     }

@@ -90,7 +90,21 @@ def test_held_out_phrasings_never_appear_outside_their_split():
             assert any(literal_pieces(t)[0] in text for t in held[kind])
 
 
-def test_hash_split_keeps_training_equations_out_of_both_held_out_splits():
+def test_bare_split_asks_the_held_out_story_alone():
+    """A heldout_bare prompt is one user turn holding the story: no instruction, no worked
+    example, no "Answer:" request; its story is told in held-out phrasings."""
+    held = {kind: texts[-HELD_OUT_TEMPLATES:] for kind, texts in TEMPLATES.items()}
+    rows = generate_dataset(100, split="heldout_bare", seed=0)
+    for row in rows:
+        (turn,) = row["prompt"]
+        assert turn["role"] == "user" and "Answer" not in turn["content"]
+        for kind in ("start", "question"):
+            assert any(literal_pieces(t)[0] in turn["content"] for t in held[kind])
+    told = {problem_text(r) for r in generate_dataset(100, split="heldout_phrasings", seed=0)}
+    assert len(told & {problem_text(r) for r in rows}) < 10  # drawn apart, not a reformatting
+
+
+def test_hash_split_keeps_training_equations_out_of_every_held_out_split():
     """Train equations hash to train, held-out ones to held_out; the sets share no equation."""
     config = WordProblemsConfig()
     rows = {split: generate_dataset(300, split=split, seed=2) for split in SPLITS}
@@ -113,7 +127,7 @@ def test_train_operation_weights_change_only_the_training_mix():
     training split draws its counts from the curriculum's weights."""
     plain = WordProblemsConfig(operation_weights=(0.5, 0.5))
     curriculum = WordProblemsConfig(operation_weights=(0.5, 0.5), train_operation_weights=(1.0, 0.0))
-    for split in ("heldout_numbers", "heldout_phrasings"):
+    for split in SPLITS[1:]:
         assert generate_dataset(40, split=split, config=curriculum) == generate_dataset(
             40, split=split, config=plain
         )
@@ -188,13 +202,18 @@ def test_rewards_hand_checked():
 
 
 def test_breakdown_reports_strict_and_lenient_by_operation_count():
-    """Per-count accuracies are the shares of their own rows, hand-counted."""
+    """Per-count accuracies are the shares of their own rows, hand-counted; the standard error
+    is clustered by equation (two rows share "1+2")."""
     rows = [
-        {"answer": "3", "operations": 1},
-        {"answer": "4", "operations": 1},
-        {"answer": "5", "operations": 2},
+        {"answer": "3", "operations": 1, "equation": "1+2"},
+        {"answer": "4", "operations": 1, "equation": "2+2"},
+        {"answer": "5", "operations": 2, "equation": "1+2"},
     ]
     metrics = breakdown(rows, ["Answer: 3", "so 4", "Answer: 6"])
+    # lenient [1, 1, 0], mean 2/3; cluster sums of deviations: "1+2" 1/3 - 2/3 = -1/3, "2+2"
+    # 1/3; variance 2 / (2 - 1) * (1/9 + 1/9) / 3^2 = 4/81
+    assert metrics["accuracy"] == pytest.approx(2 / 3) and metrics["num_equations"] == 2.0
+    assert metrics["accuracy_se"] == pytest.approx(2 / 9, rel=1e-12)
     assert metrics["accuracy_strict"] == pytest.approx(1 / 3)
     assert metrics["answer_format"] == pytest.approx(2 / 3)
     assert metrics["accuracy_ops1"] == 1.0 and metrics["accuracy_strict_ops1"] == 0.5
@@ -248,30 +267,40 @@ def test_eval_and_sample_commands_run_the_task(tmp_path, tiny_llama, capsys):
 
 def test_pooled_evaluation_weights_each_split_by_its_problems(tmp_path, tiny_llama):
     """With a policy answering every problem right in the stated form, every accuracy is 1;
-    with one answering "Answer: 0", every accuracy is 0 and the format rate 1."""
+    with one answering "Answer: 0", every accuracy is 0 and the format rate 1; with one right
+    on one-step problems alone, the pooled accuracy, distinct equations and clustered standard
+    error are those of every split's rows taken together."""
+    from grpo.tasks import clustered_standard_error
+
     config = load_config(config_file(tmp_path, tiny_llama), ["task.eval_size=4"])
     parts = build_task(config)
 
-    def answering(right: bool):
+    def answering(right):
         def generate_actions(states, k, **_):
-            return [[f"Answer: {s['answer'] if right else 0}"] * k for s in states]
+            return [[f"Answer: {s['answer'] if right(s) else 0}"] * k for s in states]
 
         return generate_actions
 
-    parts.policy.generate_actions = answering(True)
+    parts.policy.generate_actions = answering(lambda s: True)
     metrics, _ = parts.evaluate()
-    for prefix in (
-        "eval/heldout_numbers/greedy/",
-        "eval/heldout_phrasings/greedy/",
-        "eval/greedy/",
-    ):
+    for prefix in ("eval/greedy/", *(f"eval/{split}/greedy/" for split in SPLITS[1:])):
         assert metrics[f"{prefix}accuracy"] == 1.0 and metrics[f"{prefix}accuracy_strict"] == 1.0
     counts = [metrics[k] for k in metrics if k.startswith("eval/greedy/num_problems_ops")]
-    assert sum(counts) == 8.0
-    parts.policy.generate_actions = answering(False)
+    assert sum(counts) == 4.0 * len(SPLITS[1:])
+    parts.policy.generate_actions = answering(lambda s: False)
     metrics, _ = parts.evaluate()
     assert metrics["eval/greedy/accuracy"] == 0.0 and metrics["eval/greedy/answer_format"] == 1.0
     assert metrics["eval/greedy/rewards/answer_format/mean"] == 1.0
+    parts.policy.generate_actions = answering(lambda s: s["operations"] == 1)
+    metrics, _ = parts.evaluate()
+    rows = [r for split in SPLITS[1:] for r in generate_dataset(4, split=split, seed=0)]
+    right = [float(r["operations"] == 1) for r in rows]
+    equations = [r["equation"] for r in rows]
+    assert metrics["eval/greedy/accuracy"] == pytest.approx(sum(right) / len(right))
+    assert metrics["eval/greedy/num_equations"] == len(set(equations))
+    assert metrics["eval/greedy/accuracy_se"] == pytest.approx(
+        clustered_standard_error(right, equations), rel=1e-12
+    )
 
 
 def test_answer_check_option_is_checked(tmp_path, tiny_llama, monkeypatch):

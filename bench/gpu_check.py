@@ -13,9 +13,16 @@ with the error) and prints a table. Parts:
 - with CUDA: one GRPO step (sampling with `generate`, scoring, backward,
   AdamW) of the demo's shapes (grpo/assets/arith-tiny, B=32, G=8, T=5) and of
   SmolLM2-135M's shape (random weights, B=8, G=8, T=64), in float32, bfloat16,
-  bf16 mixed precision (when `policy.precision` exists) and FSDP2 on one GPU:
-  seconds per step, completion tokens per second, peak memory;
+  bf16 mixed precision, FSDP2 on one GPU, and LoRA adapters: seconds per step,
+  completion tokens per second, peak memory;
+- with CUDA (`gpu_check_train.py`): `grpo train configs/demo.yaml` on the GPU,
+  with and without overlapped rollouts, and the CPU's and the GPU's float32
+  log-probs and gradients of the same completions side by side;
 - without CUDA: every part is reported skipped.
+
+`--record NAME` also writes the result as a record (`bench/records.py`) into
+`--results` (default bench/results/), which `bench/render_results.py` renders
+into docs/gpu.md.
 
 Each part runs only while the time budget lasts (the rest: skipped, with why),
 so the whole check stays under 10 minutes.
@@ -105,7 +112,8 @@ def policy_settings(max_new_tokens: int, precision: str | None):
     return CausalLMSettings(**values)
 
 
-def step_part(shape: str, dtype: torch.dtype, precision: str | None = None, fsdp2=False):
+def step_part(shape: str, dtype: torch.dtype, precision: str | None = None, fsdp2=False,
+              lora=False):  # fmt: skip
     """One part: warm-up step, then TIMED_STEPS timed GRPO steps."""
 
     def run() -> dict:
@@ -120,6 +128,10 @@ def step_part(shape: str, dtype: torch.dtype, precision: str | None = None, fsdp
         except (LookupError, TypeError, ValueError) as error:
             return {"status": "skipped", "reason": f"{precision} not available: {error}"}
         model, tokenizer = MODELS[shape](dtype)
+        if lora:
+            from grpo.lm.loading import LoraSettings, apply_lora
+
+            model = apply_lora(model, LoraSettings(r=16, alpha=32))
         policy = CausalLMPolicy(model, tokenizer, settings)
         reward = TextReward(lambda prompts, completions, **_: [len(c) / 10 for c in completions])
         config = GRPOConfig(group_size=g, batch_size=b * g, kl_coeff=0.0, learning_rate=1e-5)
@@ -189,13 +201,17 @@ def step_parts() -> dict[str, Callable[[], dict]]:
         parts[f"step/{shape}/bfloat16"] = step_part(shape, torch.bfloat16)
         parts[f"step/{shape}/bf16-mixed"] = step_part(shape, torch.float32, "bf16-mixed")
         parts[f"step/{shape}/fsdp2-float32"] = step_part(shape, torch.float32, fsdp2=True)
+        parts[f"step/{shape}/lora-bf16-mixed"] = step_part(
+            shape, torch.float32, "bf16-mixed", lora=True
+        )
     return parts
 
 
 def all_parts() -> dict[str, Callable[[], dict]]:
+    from gpu_check_train import TRAIN_PARTS
     from gpu_check_vllm import VLLM_PARTS
 
-    return {**VLLM_PARTS, **step_parts()}
+    return {**VLLM_PARTS, **step_parts(), **TRAIN_PARTS}
 
 
 def why_skipped(name: str) -> str | None:
@@ -266,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting parts after")
     parser.add_argument("--parts", default="", help="comma-separated part names (default: all)")
+    parser.add_argument("--record", help="also write the record bench/results/RECORD.json")
+    parser.add_argument("--results", type=Path, help="the record's folder instead")
     args = parser.parse_args(argv)
     names = [p for p in args.parts.split(",") if p] or list(all_parts())
     started = time.perf_counter()
@@ -276,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['device']}, torch {report['torch']}, vLLM {report['vllm']}")
     print(table(results))
     print(f"JSON: {args.out}")
+    if args.record:
+        from records import RESULTS, write_record
+
+        depends = ["bench/gpu_check.py", "bench/gpu_check_train.py", "bench/gpu_check_vllm.py",
+                   "configs/demo.yaml", "grpo"]  # fmt: skip
+        argv = ["bench/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]
+        path = write_record(args.record, report, depends, argv=argv, folder=args.results or RESULTS)
+        print(f"record: {path}")
     return 0
 
 

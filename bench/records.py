@@ -57,8 +57,12 @@ __all__ = [
 
 
 def _git(*args: str) -> str:
-    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-    return out.stdout.strip()
+    """git's output in the repository; "" where there is no git or no repository."""
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def machine() -> dict:
@@ -121,7 +125,8 @@ def write_record(name: str, results: dict, depends_on: list[str], argv: list[str
     record = {
         "name": name,
         "command": shlex.join(["python", shown, *argv[1:]]),
-        "commit": _git("rev-parse", "HEAD"),
+        # a copy of the tree without .git (a remote GPU machine) is told its commit instead
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("GRPO_RECORD_COMMIT", "unknown"),
         "dirty": dirty,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),

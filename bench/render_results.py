@@ -131,10 +131,94 @@ def trl_comparison(name: str) -> Callable[[dict], str]:
     return render
 
 
+# ------------------------------------------------------------------ word problems
+SPLIT_NAMES = {"heldout_numbers": "new numbers", "heldout_phrasings": "unseen phrasings",
+               "heldout_bare": "bare question", "": "pooled"}  # fmt: skip
+
+
+def _key(split: str, metric: str = "accuracy") -> str:
+    """The greedy metric of a split ("": all splits pooled)."""
+    return (f"eval/{split}/greedy/" if split else "eval/greedy/") + metric
+
+
+def _split_cell(evaluation: dict, split: str) -> str:
+    return percent(evaluation[_key(split)]) if _key(split) in evaluation else "-"
+
+
+def _problems(evaluation: dict, split: str) -> int:
+    prefix = _key(split, "num_problems_ops")
+    return round(sum(v for k, v in evaluation.items() if k.startswith(prefix)))
+
+
+def word_problems(name: str) -> Callable[[dict], str]:
+    """A `train_seeds.py` record of a word-problem config: greedy accuracy per held-out split
+    at each evaluated step, per seed, with the start's clustered standard error."""
+
+    def render(records: dict) -> str:
+        record = records[name]
+        runs = record["results"]["runs"]
+        evaluations = [{e["step"]: e for e in r.get("checkpoint_evaluations") or r["evaluations"]}
+                       for r in runs]  # fmt: skip
+        steps = sorted(evaluations[0])
+        start = evaluations[0][steps[0]]
+        splits = [s for s in SPLIT_NAMES if _split_cell(start, s) != "-"]
+        head = ["seed", "step", "training", *(SPLIT_NAMES[s] for s in splits)]
+        rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows.append("| all | 0 | 0 s | " + " | ".join(_split_cell(start, s) for s in splits) + " |")
+        for run, by_step in zip(runs, evaluations, strict=True):
+            for step in steps[1:]:
+                e = by_step[step]
+                cells = []
+                for split in splits:
+                    gain = 100 * (e[_key(split)] - start[_key(split)])
+                    cells.append(f"{_split_cell(e, split)} ({gain:+.1f})")
+                rows.append(f"| {run['seed']} | {step} | {e['training_seconds']:.0f} s | "
+                            + " | ".join(cells) + " |")  # fmt: skip
+        noise = "; ".join(
+            f"{SPLIT_NAMES[s]} {100 * start[_key(s, 'accuracy_se')]:.1f} points over "
+            f"{_problems(start, s)} problems of {start[_key(s, 'num_equations')]:.0f} distinct "
+            "equations"
+            for s in splits if _key(s, "accuracy_se") in start
+        )  # fmt: skip
+        last = [by_step[steps[-1]] for by_step in evaluations]
+        peak = max(r["peak_rss_gib"] for r in runs)
+        notes = (f"Greedy accuracy (the reply's final number); in brackets the change from the "
+                 f"start. One accuracy's standard error, clustered by equation (problems that "
+                 f"share an equation are not independent): {noise}. Training time is the sum "
+                 f"of the steps' times; the whole processes peaked at {peak:.2f} GiB. "
+                 f"{len(last)} seeds.")  # fmt: skip
+        return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
+
+    return render
+
+
+# ------------------------------------------------------------------ the GPU check
+def gpu_check(records: dict) -> str:
+    """Every part of `bench/gpu_check.py`'s record: its status, speed, memory and notes."""
+    record = records["gpu_check"]
+    report = record["results"]
+    rows = ["| part | status | s/step | completion tokens/s | peak GPU memory | notes |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, part in report["parts"].items():
+        cells = [f"{part[k]:.3g}" if isinstance(part.get(k), float) else "-"
+                 for k in ("s_per_step", "tokens_per_s")]  # fmt: skip
+        peak = f"{part['peak_gib']:.2f} GiB" if isinstance(part.get("peak_gib"), float) else "-"
+        notes = (part.get("reason") or part.get("summary") or "").replace("|", "/")
+        rows.append(f"| `{name}` | {part['status']} | {cells[0]} | {cells[1]} | {peak} | {notes} |")
+    counts = {k: sum(p["status"] == k for p in report["parts"].values())
+              for k in ("ok", "failed", "skipped")}  # fmt: skip
+    text = (f"On {report['device']} with torch {report['torch']}: {counts['ok']} parts ok, "
+            f"{counts['failed']} failed, {counts['skipped']} skipped.")  # fmt: skip
+    return text + "\n\n" + "\n".join(rows) + "\n\n" + source(record)
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
+    "smollm2-math": word_problems("smollm2_math"),
+    "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
+    "gpu-check": gpu_check,
 }
 
 

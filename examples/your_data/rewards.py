@@ -8,7 +8,8 @@ does not apply).
 
 def correct(prompts, completions, answer, **columns):
     """1 when the completion, stripped of spaces, is exactly the answer; else 0."""
-    return [1.0 if text.strip() == target else 0.0 for text, target in zip(completions, answer)]
+    pairs = zip(completions, answer, strict=True)
+    return [1.0 if text.strip() == target else 0.0 for text, target in pairs]
 
 
 def digits_only(prompts, completions, **columns):

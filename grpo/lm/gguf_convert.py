@@ -225,8 +225,13 @@ def check_folder(folder: Path, required: Sequence[str] = ()) -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
         raise ConversionError(f"{folder} has no {MANIFEST}: not a finished conversion")
-    manifest = json.loads(path.read_text())
-    files = manifest.get("files", {})
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as err:  # cut short or not text (a crash mid-write): UnicodeDecodeError too
+        raise ConversionError(f"{path} is not readable JSON ({err})") from err
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise ConversionError(f"{path} has no table of file hashes (\"files\": name -> sha256)")
     for name in (*required, *files):
         if not (folder / name).is_file():
             raise ConversionError(f"{folder / name} is missing")

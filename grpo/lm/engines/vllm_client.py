@@ -34,6 +34,7 @@ from grpo.lm.engines.vllm_requests import sampling_params_kwargs
 from grpo.lm.sampling import GenerationSettings
 
 __all__ = [
+    "FINISHED",
     "ServerClient",
     "ServerError",
     "completion_body",
@@ -156,14 +157,34 @@ def completion_body(
     }
 
 
-def parse_completion(answer: Any) -> tuple[list[int], list[float]]:
-    """A `/v1/completions` answer with one choice -> (token ids, their log-probs)."""
+FINISHED = ("stop", "length")
+"""Finish reasons of a completed request: "stop" (an EOS id or a stop string), "length"
+(max_tokens reached). Anything else ("abort", an error) did not finish."""
+
+
+def parse_completion(answer: Any, max_tokens: int) -> tuple[list[int], list[float]]:
+    """A `/v1/completions` answer with one choice, asked for at most `max_tokens` tokens ->
+    (token ids, their log-probs). ValueError unless the request finished: "stop", or "length"
+    with all `max_tokens` tokens (what the policy counts as truncated)."""
     try:
         (choice,) = answer["choices"]
         ids = [int(t) for t in choice["token_ids"]]
         logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        reason = choice["finish_reason"]
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"a completion without token ids or log-probs ({error!r})") from error
+        raise ValueError(
+            f"a completion without token ids, log-probs or finish_reason ({error!r})"
+        ) from error
+    if reason not in FINISHED:
+        raise ValueError(
+            f"finish_reason {reason!r} after {len(ids)} tokens (allowed: 'stop', 'length'): "
+            "the request did not finish, and its tokens are not a completion"
+        )
+    if reason == "length" and len(ids) != max_tokens:
+        raise ValueError(
+            f"finish_reason 'length' after {len(ids)} tokens, not max_tokens {max_tokens}: "
+            "the server cut it short of what the policy would count as truncated"
+        )
     if len(logprobs) != len(ids):
         raise ValueError(f"{len(ids)} token ids but {len(logprobs)} log-probs")
     return ids, logprobs

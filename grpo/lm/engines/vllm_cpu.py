@@ -32,6 +32,15 @@ those differ by more than `PROBE_MIN_MOVE` (1e-3 nats at some position) the
 engine's log-probs must be closer (Euclidean distance over the probe) to the
 current ones than to the previous ones.
 
+Reloading is skipped when nothing changed (`LoadedWeights`): evaluation batches
+between two optimizer steps sample with the weights already loaded, and only
+the check runs again. The weights count as changed when a parameter was
+written in place since the last load (its autograd version counter: every
+torch optimizer but the fused ones, `load_state_dict`, `copy_`) or the
+trainer's probe log-probs differ in any bit from those at the last load
+(which also catches a fused optimizer or a write through `.data`, which leave
+the counter alone).
+
 vLLM's own model classes are used (`model_impl="auto"`), not its transformers
 backend: that backend decorates the transformers model classes of this process
 (undone after the build by `vllm_build.classes_kept`, which the GPU path needs),
@@ -51,6 +60,7 @@ from grpo.functional.logprobs import completion_logprobs
 
 __all__ = [
     "CPU_KV_CACHE_BYTES",
+    "LoadedWeights",
     "PROBE_MIN_MOVE",
     "PROBE_TOKENS",
     "cpu_llm_args",
@@ -61,6 +71,7 @@ __all__ = [
     "reload_weights",
     "trainer_probe_logprobs",
     "vllm_on_cpu",
+    "weights_stamp",
 ]
 
 log = logging.getLogger(__name__)
@@ -172,3 +183,33 @@ def engine_probe_logprobs(llm: Any, ids: list[int]) -> Tensor:
     (output,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
     entries = output.prompt_logprobs[1:]  # the first token has no log-prob
     return torch.tensor([entry[t].logprob for entry, t in zip(entries, ids[1:], strict=True)])
+
+
+def weights_stamp(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Each parameter's identity and autograd version counter (bumped by every in-place write
+    autograd sees): equal stamps mean no parameter was replaced or written that way."""
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+class LoadedWeights:
+    """The trainer's weights as an engine last loaded them: whether a rollout must load again."""
+
+    def __init__(self) -> None:
+        self.stamp: tuple[tuple[int, int], ...] | None = None
+        self.probe: Tensor | None = None  # (n-1,) the trainer's probe log-probs at that load
+        self.loads = 0
+        """Loads so far (a build's first one included)."""
+
+    def changed(self, model: nn.Module, probe_logprobs: Tensor) -> bool:
+        """Whether `model`'s weights may differ from the last loaded ones (True before any):
+        a parameter written in place since, or probe log-probs (n-1,) not bitwise equal."""
+        return (
+            self.probe is None
+            or self.stamp != weights_stamp(model)
+            or not torch.equal(self.probe, probe_logprobs)
+        )
+
+    def record(self, model: nn.Module, probe_logprobs: Tensor) -> None:
+        """`model`'s weights, whose probe log-probs are `probe_logprobs`, were just loaded."""
+        self.stamp, self.probe = weights_stamp(model), probe_logprobs
+        self.loads += 1

@@ -5,28 +5,32 @@
 The servers are started by the user (docs/vllm.md, "vLLM servers", has the
 command); this engine only talks to them over HTTP (`vllm_client.py`):
 
-- At connect, each server must serve the expected model (`/v1/models`), with a
-  maximum length no longer than the trainer's context, the same tokenizer (a
-  fixed text tokenised by `/tokenize` gives the trainer's ids), processed
-  log-probs and no checkpoint sampling defaults (`/server_info`), and the
-  worker extension `grpo.lm.engines.vllm_worker.WeightReloader`.
-- Each rollout first syncs: the trainer's weights are published as a new
-  version folder (`vllm_publish.py`), every server reloads it through the
-  worker extension (`/collective_rpc`) and resets its prefix cache, then the
-  check runs: every server must report that version, and its log-probs of a
-  fixed probe sequence must match the trainer's (as for the in-process CPU
-  engine, `vllm_cpu.probe_problems`: within a tolerance, and nearer the
-  current weights than the previous check's).
+- At connect, each server is checked against the trainer (`vllm_connect.py`:
+  model, length, tokenizer, flags, and a publish root holding the trainer's
+  publish folder).
+- Each rollout first syncs: when the trainer's weights changed since this
+  engine last published them (`vllm_cpu.LoadedWeights`), or a server holds
+  another version (this engine's copy reloaded it), they are published as a
+  new version folder (`vllm_publish.py`), every server reloads it through the
+  worker extension (`/collective_rpc`) and resets its prefix cache. Then,
+  published or not, the check runs: every server must report that version,
+  and its log-probs of a fixed probe sequence must match the trainer's (as for
+  the in-process CPU engine, `vllm_cpu.probe_problems`: within a tolerance, and
+  nearer the current weights than the previous check's). So the evaluation
+  batches between two optimizer steps publish once, not once each.
 - The prompt rows are split into equal contiguous parts, one per server; every
   row is one `/v1/completions` request (token ids in, token ids and log-probs
-  out), with its own seed (`request_seeds`, as the in-process engine).
+  out), with its own seed (`request_seeds`, as the in-process engine). An
+  answer must have finished ("stop", or "length" at max_new_tokens): an
+  aborted request is an error, never a short completion.
 
 Faults: every call has a timeout; the first failed call (refused, timed out,
-an HTTP error) abandons the whole rollout with one `ServerError` naming the
-server, the call and what was in flight, and nothing of that rollout is used
-(no optimizer step happens). The run stops with its last checkpoint intact;
-`grpo train --resume` reconnects, publishes the checkpoint's weights and
-redraws the abandoned step's prompts from the checkpointed sampler state.
+an HTTP error, an unfinished answer) abandons the whole rollout with one
+`ServerError` naming the server, the call and what was in flight, and nothing
+of that rollout is used (no optimizer step happens). The run stops with its
+last checkpoint intact; `grpo train --resume` reconnects, publishes the
+checkpoint's weights and redraws the abandoned step's prompts from the
+checkpointed sampler state.
 
 Under torchrun each rank owns its own servers (`rank_share`): rank r samples
 its shard of the step on urls[r::world] and publishes to publish_dir/rank-r,
@@ -63,10 +67,11 @@ from grpo.lm.engines.vllm_client import (
     parse_prompt_logprobs,
     probe_body,
 )
+from grpo.lm.engines.vllm_connect import WORKER_EXTENSION, connect_server, folder_problem
 from grpo.lm.engines.vllm_cpu import (
+    LoadedWeights,
     probe_ids,
     probe_problems,
-    probe_tolerance,
     trainer_probe_logprobs,
 )
 from grpo.lm.engines.vllm_publish import prune_versions, publish_weights
@@ -78,26 +83,21 @@ from grpo.lm.sampling import GenerationSettings
 
 __all__ = ["WORKER_EXTENSION", "ServerError", "VLLMServerEngine", "rank_share", "split_rows"]
 
-WORKER_EXTENSION = "grpo.lm.engines.vllm_worker.WeightReloader"
-"""The `--worker-extension-cls` every server must run with."""
-TOKENIZER_CHECK_TEXT = " 12+34=46\nThe answer is: yes, no. (x) [y] {z} é"
-"""Tokenised by the server and the trainer at connect (with the special tokens prepended)."""
 
-
-def rank_share(urls: list[str], folder: Path) -> tuple[list[str], Path]:
-    """The servers and publish folder of this process: all of them in one process; under
-    torchrun, rank r owns urls[r::world] and publishes to folder/rank-r (no two ranks reload
+def rank_share(urls: list[str]) -> tuple[list[str], str]:
+    """The servers and publish sub-folder of this process: all of them and "" in one process;
+    under torchrun, rank r owns urls[r::world] and publishes to "rank-r" (no two ranks reload
     one server)."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return urls, folder
+        return urls, ""
     rank, world = dist.get_rank(), dist.get_world_size()
     if len(urls) < world:
         raise ValueError(
             f"rollout.server.urls: got {len(urls)} URL(s) for {world} ranks; allowed: at least "
             "one server per rank (rank r uses urls[r::world])"
         )
-    return urls[rank::world], folder / f"rank-{rank}"
+    return urls[rank::world], f"rank-{rank}"
 
 
 def split_rows(n: int, parts: int) -> list[range]:
@@ -120,19 +120,20 @@ class VLLMServerEngine:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.tis_cap = tis_cap
         self.metrics: dict[str, float] = {}
-        """Statistics of the last sync: "rollout/weight_sync_s" (publish, reload, check),
-        "rollout/publish_s", "rollout/weight_checks" (checks passed), "rollout/probe_gap"."""
+        """Statistics of the last sync: "rollout/weight_sync_s" (publish if any, reload,
+        check), "rollout/publish_s" (0 when nothing was published), "rollout/weight_loads"
+        (versions published so far), "rollout/weight_checks" (checks passed),
+        "rollout/probe_gap"."""
         self.checks = 0
         self.version = ""
         """The weight version every server should hold (set once all reloaded it)."""
-        self._count = 0
+        self.loaded = LoadedWeights()
+        """The trainer's weights as last published (`loaded.loads`: how many versions)."""
+        self._count = 0  # versions published, a failed one included: every label is new
         self._run = uuid.uuid4().hex[:8]  # versions of this engine never match an older run's
         self._owner = True  # closes the connections and the temporary folder (not a copy)
-        self._temporary = (
-            None if settings.publish_dir else tempfile.TemporaryDirectory(prefix="grpo-weights-")
-        )
-        folder = Path(settings.publish_dir or self._temporary.name)  # type: ignore[union-attr]
-        urls, self.folder = rank_share(settings.urls, folder)
+        self._temporary: tempfile.TemporaryDirectory | None = None
+        urls, sub = rank_share(settings.urls)
         key = os.environ.get(settings.api_key_env) or None
         self.clients = [
             ServerClient(
@@ -146,12 +147,40 @@ class VLLMServerEngine:
         self.probe_previous: torch.Tensor | None = None
         self.probe_gap: float | None = None
         try:
+            self.served = [
+                connect_server(
+                    client, tokenizer, settings.model, self.context, settings.probe_tolerance
+                )
+                for client in self.clients
+            ]
+            self.folder = self._publish_folder() / sub
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.served = [self._connect(client) for client in self.clients]
             self.sync()
         except BaseException:
             self.close()
             raise
+
+    def _publish_folder(self) -> Path:
+        """`publish_dir`, else a temporary folder inside the first server's publish root;
+        checked to lie inside every server's root."""
+        if self.settings.publish_dir:
+            folder = Path(self.settings.publish_dir)
+        else:
+            root = self.served[0]["root"]
+            try:
+                self._temporary = tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=root)
+            except OSError as error:
+                raise ServerError(
+                    f"cannot make a publish folder in {self.clients[0].url}'s publish root "
+                    f"{root} ({error}); set rollout.server.publish_dir to a folder inside "
+                    "every server's root that the trainer can write"
+                ) from error
+            folder = Path(self._temporary.name)
+        for client, served in zip(self.clients, self.served, strict=True):
+            problem = folder_problem(folder, served["root"])
+            if problem is not None:
+                raise ServerError(f"vLLM server {client.url}: {problem}")
+        return folder
 
     def __deepcopy__(self, memo: dict[int, Any]) -> VLLMServerEngine:
         """The engine of a policy copy (the overlapped run's sampler, `grpo.run.overlap`): the
@@ -160,74 +189,11 @@ class VLLMServerEngine:
         twin = copy.copy(self)
         memo[id(self)] = twin
         twin.model = copy.deepcopy(self.model, memo)
-        twin.metrics, twin.checks, twin._count = {}, 0, 0
+        twin.metrics, twin.checks, twin._count, twin.loaded = {}, 0, 0, LoadedWeights()
         twin._run = uuid.uuid4().hex[:8]  # its versions never share a label with this engine's
         twin._temporary = None  # the folder stays this engine's to clean up
         twin._owner = False  # and the connections this engine's to close
         return twin
-
-    # ------------------------------------------------------------ connect
-    def _connect(self, client: ServerClient) -> dict[str, Any]:
-        """Check one server against the trainer; returns its model name, length and dtype."""
-        models = client.get("/v1/models", "listing its models")["data"]
-        names = [m["id"] for m in models]
-        want = self.settings.model
-        if (want is None and len(names) != 1) or (want is not None and want not in names):
-            raise ServerError(
-                f"vLLM server {client.url} serves {names}; expected "
-                + (f"{want!r} (rollout.server.model)" if want else "exactly one model")
-            )
-        served = next(m for m in models if want is None or m["id"] == want)
-        max_len = int(served["max_model_len"])
-        if self.context is not None and max_len > self.context:
-            raise ServerError(
-                f"vLLM server {client.url}: max_model_len {max_len} is longer than the "
-                f"trainer's context ({self.context}), which could not score such completions; "
-                f"start it with --max-model-len {self.context}"
-            )
-        config = self._server_config(client)
-        self._check_tokenizer(client, served["id"])
-        dtype = getattr(torch, str(config["model_config"].get("dtype", "")).removeprefix("torch."))
-        tolerance = probe_tolerance(dtype, self.settings.probe_tolerance)
-        return {"model": served["id"], "max_model_len": max_len, "tolerance": tolerance}
-
-    def _server_config(self, client: ServerClient) -> dict[str, Any]:
-        """The server's vLLM config (`/server_info`, dev mode), checked for what this engine needs."""
-        try:
-            info = client.get("/server_info", "reading its config", {"config_format": "json"})
-        except ServerError as error:
-            raise ServerError(
-                f"{error}. The engine needs the server's dev endpoints: start it with "
-                "VLLM_SERVER_DEV_MODE=1 (docs/vllm.md, vLLM servers)"
-            ) from error
-        config = info["vllm_config"]
-        model, parallel = config["model_config"], config["parallel_config"]
-        processed = model.get("logprobs_mode") == "processed_logprobs"
-        wanted = {
-            "--logprobs-mode processed_logprobs": processed,
-            "--generation-config vllm": model.get("generation_config") == "vllm",
-            f"--worker-extension-cls {WORKER_EXTENSION}": (
-                parallel.get("worker_extension_cls") == WORKER_EXTENSION
-            ),
-        }
-        missing = [flag for flag, ok in wanted.items() if not ok]
-        if missing:
-            raise ServerError(
-                f"vLLM server {client.url} runs without {', '.join(missing)}; restart it with "
-                "them (docs/vllm.md, vLLM servers)"
-            )
-        return config
-
-    def _check_tokenizer(self, client: ServerClient, model: str) -> None:
-        text = "".join(self.tokenizer.all_special_tokens) + TOKENIZER_CHECK_TEXT
-        body = {"model": model, "prompt": text, "add_special_tokens": False}
-        theirs = client.post("/tokenize", body, "tokenising the tokenizer check")["tokens"]
-        ours = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if list(theirs) != list(ours):
-            raise ServerError(
-                f"vLLM server {client.url} tokenises {text!r} as {theirs}, the trainer as "
-                f"{ours}: it serves another tokenizer; start it on the trainer's model folder"
-            )
 
     # ------------------------------------------------------------ rollouts
     def sample(
@@ -261,7 +227,7 @@ class VLLMServerEngine:
                     body = completion_body(
                         self.served[s]["model"], prompt_rows[i], settings, eos_ids, seeds[i]
                     )
-                    futures[pool.submit(self._complete, client, body, what)] = (s, i)
+                    futures[pool.submit(self._complete, client, body, what, i)] = (s, i)
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             for future in done:
                 if future.exception() is None:
@@ -275,12 +241,14 @@ class VLLMServerEngine:
         return Samples([r[0] for r in results], [r[1] for r in results])  # type: ignore[index]
 
     @staticmethod
-    def _complete(client: ServerClient, body: dict[str, Any], what: str):
+    def _complete(client: ServerClient, body: dict[str, Any], what: str, row: int):
         answer = client.post("/v1/completions", body, what)
         try:
-            return parse_completion(answer)
+            return parse_completion(answer, body["max_tokens"])
         except ValueError as error:
-            raise ServerError(f"vLLM server {client.url} while {what}: {error}") from error
+            raise ServerError(
+                f"vLLM server {client.url} answered prompt row {row} with {error}, while {what}"
+            ) from error
 
     def _abandoned(
         self, error: BaseException, futures: dict[Future, tuple[int, int]], shards, s: int
@@ -299,13 +267,35 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ weights
     def sync(self) -> None:
-        """Publish the trainer's current weights as a new version, reload it on every server,
-        reset their prefix caches, then check."""
+        """Make every server hold the trainer's current weights, then check. A new version is
+        published, reloaded on every server and their prefix caches reset only when the
+        weights changed since this engine last published them, or a server holds another
+        version (this engine's copy reloaded it)."""
+        start = time.perf_counter()
+        trainer = trainer_probe_logprobs(self.model, self.probe)
+        publish = self.loaded.changed(self.model, trainer) or not self._servers_hold(self.version)
+        publish_s = self._publish() if publish else 0.0
+        self.check(trainer)
+        if publish:  # after the check: a version it failed counts as not published
+            self.loaded.record(self.model, trainer)
+            prune_versions(self.folder, self.settings.keep_versions)
+        self.metrics = {
+            "rollout/weight_sync_s": time.perf_counter() - start,
+            "rollout/publish_s": publish_s,
+            "rollout/weight_loads": float(self.loaded.loads),
+            "rollout/weight_checks": float(self.checks),
+        }
+        if self.probe_gap is not None:
+            self.metrics["rollout/probe_gap"] = self.probe_gap
+
+    def _publish(self) -> float:
+        """Publish the trainer's weights as a new version and reload it on every server, whose
+        prefix caches are then reset; returns the seconds the publishing itself took."""
         start = time.perf_counter()
         self._count += 1
         label = f"{self._run}-{self._count:06d}"
         path = publish_weights(self.folder, label, trainer_weights(self.model))
-        published = time.perf_counter()
+        published = time.perf_counter() - start
         for client in self.clients:
             what = f"reloading weights version {label} from {path}"
             held = {r.get("version") for r in client.rpc("grpo_reload", [str(path), label], what)}
@@ -315,28 +305,27 @@ class VLLMServerEngine:
             if isinstance(answer, dict) and answer.get("success") is False:
                 raise ServerError(f"vLLM server {client.url} refused to reset its prefix cache")
         self.version = label
-        self.check()
-        prune_versions(self.folder, self.settings.keep_versions)
-        self.metrics = {
-            "rollout/weight_sync_s": time.perf_counter() - start,
-            "rollout/publish_s": published - start,
-            "rollout/weight_checks": float(self.checks),
-        }
-        if self.probe_gap is not None:
-            self.metrics["rollout/probe_gap"] = self.probe_gap
+        return published
 
-    def check(self) -> None:
+    def _held_versions(self, client: ServerClient) -> set[Any]:
+        return {r.get("version") for r in client.rpc("grpo_version", [], "reporting its version")}
+
+    def _servers_hold(self, version: str) -> bool:
+        """Whether every server reports `version` (not "": the weights it started with)."""
+        return bool(version) and all(self._held_versions(c) == {version} for c in self.clients)
+
+    def check(self, trainer: torch.Tensor | None = None) -> None:
         """Raise RuntimeError unless every server holds `self.version` and computes with the
-        trainer's current weights (the probe)."""
+        trainer's current weights (the probe; `trainer`: its log-probs (n-1,) if known)."""
         problems = []
         for client in self.clients:
-            results = client.rpc("grpo_version", [], "reporting its weights version")
-            held = {r.get("version") for r in results}
+            held = self._held_versions(client)
             if held != {self.version}:
                 problems.append(
                     f"{client.url} holds weights version {sorted(held)}, not {self.version!r}"
                 )
-        trainer = trainer_probe_logprobs(self.model, self.probe)
+        if trainer is None:
+            trainer = trainer_probe_logprobs(self.model, self.probe)
         gaps = []
         for client, served in zip(self.clients, self.served, strict=True):
             body = probe_body(served["model"], self.probe)

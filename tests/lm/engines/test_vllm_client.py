@@ -45,17 +45,38 @@ def test_greedy_body_is_temperature_zero_without_truncation():
 def test_parse_completion_and_probe_answers():
     """Ids and log-probs come back as sent; a length mismatch or a missing field is an error."""
     choice = {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5, -1.25]}}
-    assert parse_completion({"choices": [choice]}) == ([5, 6], [-0.5, -1.25])
-    short = {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5]}}
+    choice["finish_reason"] = "stop"
+    assert parse_completion({"choices": [choice]}, 4) == ([5, 6], [-0.5, -1.25])
+    short = {**choice, "logprobs": {"token_logprobs": [-0.5]}}
     with pytest.raises(ValueError, match="2 token ids but 1 log-probs"):
-        parse_completion({"choices": [short]})
+        parse_completion({"choices": [short]}, 4)
     with pytest.raises(ValueError, match="without token ids"):
-        parse_completion({"choices": [{"token_ids": [1], "logprobs": None}]})
+        parse_completion({"choices": [{**choice, "logprobs": None}]}, 4)
     body = probe_body("m", [1, 2, 3])
     assert body["prompt_logprobs"] == 0 and body["temperature"] == 1.0 and body["top_k"] == 0
     entries = [None, {"2": {"logprob": -1.5}}, {"3": {"logprob": -0.25}}]
     answer = {"choices": [{"prompt_logprobs": entries}]}
     assert parse_prompt_logprobs(answer, [1, 2, 3]) == [-1.5, -0.25]
+
+
+def test_only_finished_answers_are_completions():
+    """"stop" and "length" at max_tokens are completions; "abort", an error, a missing reason or
+    "length" short of max_tokens (which the policy would count as finished) are ValueErrors
+    naming the reason."""
+    ids, logprobs = [5, 6, 7], {"token_logprobs": [-0.5, -1.0, -2.0]}
+
+    def answer(reason):
+        return {"choices": [{"token_ids": ids, "logprobs": logprobs, "finish_reason": reason}]}
+
+    assert parse_completion(answer("stop"), 8) == (ids, [-0.5, -1.0, -2.0])
+    assert parse_completion(answer("length"), 3) == (ids, [-0.5, -1.0, -2.0])
+    for reason in ("abort", "error", None):
+        with pytest.raises(ValueError, match=f"finish_reason {reason!r} after 3 tokens"):
+            parse_completion(answer(reason), 8)
+    with pytest.raises(ValueError, match="'length' after 3 tokens, not max_tokens 8"):
+        parse_completion(answer("length"), 8)
+    with pytest.raises(ValueError, match="without token ids"):
+        parse_completion({"choices": [{"token_ids": ids, "logprobs": logprobs}]}, 8)
 
 
 def test_split_rows_covers_every_row_once_in_near_equal_parts():

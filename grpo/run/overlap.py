@@ -30,6 +30,9 @@ Random numbers: sampling seeds itself through a fork of torch's global generator
 so evaluation (which samples too) pauses the producer (`paused`); the training pass
 itself must draw none (dropout off, the default) for a run to be reproducible.
 
+Closing (`close`, which `TrainingLoop.close` and its `with` block call) stops the
+thread after the batch it is sampling: it draws nothing more, and its copy is freed.
+
 Checkpoints hold the state before the first batch not yet trained on: a resumed
 run samples the queued batches again, with the checkpoint's weights (staleness 0
 for its first k steps, as at the start of a run), so it is not bit-identical to the
@@ -64,7 +67,7 @@ __all__ = ["RolloutProducer", "check_overlap", "overlapped_step"]
 
 
 class _Stop(Exception):
-    """The producer was closed while waiting."""
+    """The producer was closed: no more batches are wanted."""
 
 
 class RolloutProducer(Producer):
@@ -80,11 +83,22 @@ class RolloutProducer(Producer):
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}  # version -> parameters
         self._queue: queue.Queue[StampedBatch | BaseException] = queue.Queue(maxsize=max_staleness)
         self._thread: threading.Thread | None = None
+        self._copy: Any = None  # the policy copy the thread samples with, while it runs
         self._stop = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    @property
+    def closing(self) -> bool:
+        """True once `close` was asked (until the next `start`): the thread draws no new batch."""
+        return self._stop
+
+    @property
+    def sampling_policy(self) -> Any:
+        """The copy of the policy the thread samples with; None before `start`, after `close`."""
+        return self._copy
 
     def start(self, step: int) -> None:
         """Sample from step `step` on, with the policy's weights now as version `step`; after
@@ -145,7 +159,8 @@ class RolloutProducer(Producer):
             yield
 
     def close(self) -> None:
-        """Stop the thread (after the batch it is sampling) and drop what is queued."""
+        """Stop the thread (after the batch it is sampling: it draws no other), drop what is
+        queued, and free its copy of the policy and the weights offered to it."""
         if self._thread is None:
             return
         with self._cond:
@@ -154,7 +169,10 @@ class RolloutProducer(Producer):
         while self._thread.is_alive():
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)  # unblock a producer waiting to put
-        self._thread = None
+        while not self._queue.empty():  # a batch put as the thread ended
+            self._queue.get_nowait()
+        self._thread, self._copy = None, None
+        self._snapshots.clear()
         release_weight_cache()
 
     # ------------------------------------------------------------------ the thread
@@ -162,7 +180,9 @@ class RolloutProducer(Producer):
         try:
             for step in range(self.first, self.num_steps):
                 batch = self._produce(step)
-                while not self._stop:
+                while True:  # hand it over, unless closed meanwhile
+                    if self._stop:
+                        raise _Stop
                     with contextlib.suppress(queue.Full):
                         self._queue.put(batch, timeout=0.05)
                         break
@@ -185,6 +205,8 @@ class RolloutProducer(Producer):
             self._resume[step] = drawn_state(self._copy, self.sampler)
             self._resume.pop(step - self.k - 2, None)  # long trained on
             self._cond.notify_all()
+            if self._stop:  # closed: this batch is not wanted, so it is not drawn
+                raise _Stop
         with self.sampling_lock:
             batch = sample_stamped(
                 self._copy, self.reward_model, next(self.sampler), self.G, step, version

@@ -3,9 +3,11 @@ leave max_staleness 0 without a thread; resuming re-samples what was queued."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -265,6 +267,69 @@ def _until(condition, seconds: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.01)
+
+
+class _GatedPolicy(SequencePolicy):
+    """Counts every batch drawn (its class holds the count: the producer samples with a deep
+    copy); from the second draw on, a draw ends only once the producer is closing, so that
+    close() is always asked while a batch is being sampled."""
+
+    draws: list[int] = []
+    producer = None
+
+    def generate_actions(self, states, num_actions_per_state, **kwargs):
+        cls = type(self)
+        cls.draws.append(len(states))
+        if len(cls.draws) >= 2:
+            _until(lambda: cls.producer.closing)
+        return super().generate_actions(states, num_actions_per_state, **kwargs)
+
+
+def test_after_close_the_thread_draws_no_further_batch():
+    """k = 4, an error in step 0's update while step 1's batch is being drawn: the run stops
+    with that error, and the thread finishes the batch in hand but draws none of steps 2-4,
+    whose weights (version 0) it holds already: 2 draws, not 5."""
+    _GatedPolicy.draws = []
+    loop = _loop(4, policy_class=_GatedPolicy)
+    _GatedPolicy.producer = loop.producer
+
+    def fail(*args, **kwargs):
+        _until(lambda: len(_GatedPolicy.draws) == 2)  # step 1's batch is being drawn
+        raise RuntimeError("update failed")
+
+    loop.trainer.train_step = fail
+    with pytest.raises(RuntimeError, match="update failed"):
+        loop.train()
+    assert not loop.producer.running and len(_GatedPolicy.draws) == 2
+
+
+def test_close_frees_the_sampling_threads_copy_of_the_policy():
+    """The thread samples with a deep copy of the policy; once closed, nothing holds it."""
+    loop = _loop(1)
+    loop.train_step()
+    copy = weakref.ref(loop.producer.sampling_policy)
+    assert copy() is not None and copy() is not loop.trainer.policy
+    loop.close()
+    gc.collect()
+    assert copy() is None and loop.producer.sampling_policy is None
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_loop_driven_step_by_step_stops_its_worker_at_the_end_of_a_with_block(worker):
+    """`with TrainingLoop(...) as loop: loop.train_step()`: the worker runs inside the block and
+    is stopped at its end (an exception leaving the block stops it too)."""
+    before = threading.active_count()
+    with _loop(1, worker=worker) as loop:
+        loop.train_step()
+        loop.train_step()
+        assert loop.producer.running and threading.active_count() > before
+    assert not loop.producer.running
+    _until(lambda: threading.active_count() == before, 10.0)  # a process's pipe threads end
+    with pytest.raises(KeyError), _loop(1, worker=worker) as loop:
+        loop.train_step()
+        raise KeyError("stop")
+    assert not loop.producer.running
+    _until(lambda: threading.active_count() == before, 10.0)
 
 
 def spins_on_state_2(prompts, completions, **_):

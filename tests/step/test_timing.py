@@ -1,5 +1,6 @@
 """Step timing: each phase holds exactly its own work, and the phases add up to the step."""
 
+import mmap
 import sys
 import time
 from functools import partial
@@ -149,11 +150,13 @@ def test_the_resident_size_counts_written_pages_and_the_peak_remembers_them():
     them. No CUDA entry without CUDA."""
     mib = 1 / 1024  # in GiB
     before = memory_metrics()
-    block = torch.empty(64 * 2**20)  # 256 MiB of float32, no page written yet
+    block = mmap.mmap(-1, 256 * 2**20)  # anonymous: reserved, no page written yet
     reserved = memory_metrics()
-    block.fill_(1.0)
+    pages = torch.frombuffer(block, dtype=torch.uint8)
+    pages.fill_(1)
     written = memory_metrics()
-    del block
+    del pages
+    block.close()  # unmapped
     freed = memory_metrics()
     assert reserved["memory/rss_gib"] - before["memory/rss_gib"] < 50 * mib
     assert written["memory/rss_gib"] - reserved["memory/rss_gib"] >= 200 * mib

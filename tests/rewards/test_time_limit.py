@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import random
+import threading
 import time
 
 import pytest
@@ -63,3 +66,61 @@ def test_nested_limits_raise_their_own_and_an_inner_catch_does_not_swallow_the_o
                 stopped.append("inner")
     assert stopped == []
     assert not issubclass(outer.error, Exception) and outer.error is not TimeLimitExceeded
+
+
+def test_threads_started_inside_a_block_as_it_runs_out_are_left_alone():
+    """A block starting threads while its time runs out raises its own error, in its thread
+    only, and ends: every thread it started ran (a thread being started shares its starter's
+    identity for a moment, and must not receive the error)."""
+    ran, threads = [], []
+
+    def block():
+        limit = time_limit(0.2)
+        try:
+            with limit:
+                while True:
+                    threads.append(threading.Thread(target=lambda: ran.append(1)))
+                    threads[-1].start()
+        except limit.error:
+            return True
+
+    assert run_in_thread(block, timeout=60.0)
+    started = [thread for thread in threads if thread.ident is not None]
+    for thread in started:
+        thread.join(timeout=10)
+    assert len(started) > 10 and len(ran) == len(started)
+
+
+def test_nested_blocks_in_several_threads_raise_each_error_where_it_belongs():
+    """Four threads, each running 30 outer blocks (0.03 s) of inner blocks (2 ms, 5 ms or
+    10 s) over work of 0.5-4 ms, some starting threads: every outer block raises its own
+    error, an inner error is only ever caught by its own block, nothing is raised after a
+    block, and the watchdog holds no block once all have ended."""
+    from grpo.rewards.time_limit import _WATCHDOG
+
+    def work(seed):
+        rng, outer_raised = random.Random(seed), 0
+        for _ in range(30):
+            outer = time_limit(0.03)
+            try:
+                with outer:
+                    for _ in range(200):
+                        inner = time_limit(rng.choice([0.002, 0.005, 10.0]))
+                        with contextlib.suppress(inner.error), inner:
+                            spin(rng.choice([0.0005, 0.001, 0.004]))
+                        if rng.random() < 0.05:
+                            threading.Thread(target=lambda: None).start()
+            except outer.error:
+                outer_raised += 1
+            spin(0.005)  # after the block: a stray error would be raised here
+        return outer_raised
+
+    results = []
+    threads = [threading.Thread(target=lambda s=s: results.append(work(s))) for s in range(3)]
+    for thread in threads:
+        thread.start()
+    results.append(work(99))
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results == [30, 30, 30, 30]
+    assert _WATCHDOG._open == {} and _WATCHDOG._pending == {}

@@ -148,7 +148,7 @@ def _replay(
 ) -> tuple[Any, list[float], list[float], int]:
     """The overlapped run's steps again from the same seed, one stage at a time: the loop,
     each step's sampler and trainer seconds, and how many steps sampled the run's batches."""
-    from grpo.run.overlap import copy_weights, sample_stamped
+    from grpo.run.stamped import copy_weights, sample_stamped
     from grpo.step.staleness import sampling_version
 
     replay, _ = _loop(steps, 0, 1, threads, "/tmp/staleness-bench/replay", workload)

@@ -110,13 +110,6 @@ class PolicyHooks(Protocol):
     rollout_metrics: dict[str, float]
     """Statistics of the policy's last sampling and no-grad scoring ("completion/length_mean",
     ...), merged into the step's metrics by the run loop."""
-    weighs_rollouts: bool
-    """True when `rollout_importance_weights` weighs every rollout against the sampler's own
-    log-probs recorded with its actions (another engine with a TIS cap, truncated sampling):
-    a rollout of older weights then needs no scoring by the sampler (`Rollout.sampler_logprobs`),
-    as the loss's behaviour correction comes from those weights. A policy saying True must
-    never get None from `rollout_importance_weights` for its own rollouts, and must not be
-    `sampler_is_scorer` (whose skipped old pass computes no weights)."""
     sampler_is_scorer: bool
     """True when actions are sampled from exactly the distribution `get_*log_probabilities`
     scores (same model, same numerics, no dropout): the no-grad pass recording log π_old may
@@ -145,7 +138,14 @@ class PolicyHooks(Protocol):
 
     def rollout_importance_weights(self, actions: Sequence[Any], old_logprobs: Tensor) -> Any:
         """(N, T) per-token weights on the policy loss for actions sampled by another engine
-        (truncated importance sampling), or None for all 1."""
+        (truncated importance sampling), or None for all 1; log π_old is scored with the weights
+        that sampled the actions (a batch of older weights is weighed by the loss instead)."""
+        ...
+
+    def sampler_logprobs(self, actions: Sequence[Any]) -> Tensor | None:
+        """(N, T') log-probs the sampler recorded for the actions' tokens (its own distribution:
+        another engine, precision, top-k / top-p), or None when it recorded none. A batch
+        sampled with older weights then needs no scoring pass for `Rollout.sampler_logprobs`."""
         ...
 
     def sampling_state(self) -> Any:
@@ -174,10 +174,10 @@ POLICY_HOOKS = (
     "rollout_metrics",
     "sampler_is_scorer",
     "train_pass_is_old",
-    "weighs_rollouts",
     "make_reference",
     "loss_token_counts",
     "rollout_importance_weights",
+    "sampler_logprobs",
     "note_old_logprobs",
     "sampling_state",
     "load_sampling_state",

@@ -67,18 +67,41 @@ def test_bf16_mixed_by_hand_where_bfloat16_is_slower_warns_naming_field_and_spee
         assert resolve_precision("rollout.precision", "bf16-mixed", "cpu") == "bf16-mixed"
 
 
-def test_the_measured_speedup_is_measured_once_and_sides_with_the_cpus_instructions():
-    """`bfloat16_speedup` times real products once a process; on a CPU with AVX512-BF16 or
-    AMX it finds bfloat16 faster, on one without AVX512 slower (emulated)."""
+class _Clock:
+    """perf_counter replaced: each product "takes" the next of the given durations."""
+
+    def __init__(self, durations):
+        self.durations, self.now, self.reads = list(durations), 0.0, 0
+
+    def __call__(self):
+        self.reads += 1
+        if self.reads % 2 == 0:  # the end of a timed product: its duration has passed
+            self.now += self.durations.pop(0)
+        return self.now
+
+
+def test_the_speedup_is_float32s_best_of_3_over_bfloat16s_measured_once(monkeypatch):
+    """With product times float32 (5, 3, 4) and bfloat16 (2, 1, 6) the speedup is best over
+    best, 3 / 1; a second call measures nothing (cached for the process)."""
+    clock = _Clock([5.0, 3.0, 4.0, 2.0, 1.0, 6.0])
+    monkeypatch.setattr(grpo.precision.time, "perf_counter", clock)
     bfloat16_speedup.cache_clear()
-    first = bfloat16_speedup()
-    assert math.isfinite(first) and first > 0
-    assert bfloat16_speedup() == first and bfloat16_speedup.cache_info().misses == 1
-    cpu = torch.cpu
-    if cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported():
-        assert first > 1.0
-    elif not cpu._is_avx512_supported():
-        assert first < 1.0
+    try:
+        assert bfloat16_speedup() == 3.0
+        assert bfloat16_speedup() == 3.0 and clock.reads == 12 and not clock.durations
+    finally:
+        bfloat16_speedup.cache_clear()  # the real clock's measurement for later tests
+
+
+def test_measuring_the_speedup_leaves_torchs_global_generator_alone():
+    """A run seeds torch, then resolves `auto`: the measurement draws nothing from the global
+    generator, so the numbers drawn after it are the ones drawn without it."""
+    bfloat16_speedup.cache_clear()
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    speedup = bfloat16_speedup()
+    assert math.isfinite(speedup) and speedup > 0
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_bf16_mixed_runs_matmuls_in_bfloat16_with_float32_gradients():

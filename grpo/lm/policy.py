@@ -27,7 +27,11 @@ Choices:
   top-k / top-p's truncated q = p / Z. The gap to log π_old is a rollout
   metric, and the loss weighs each token by π_old / π_sampler, capped at
   `rollout.tis_cap` (at 1 for truncation, where the weight is the kept mass
-  Z <= 1): the update is the one for samples of p.
+  Z <= 1): the update is the one for samples of p. The cap of 1 holds only
+  while π_old and the sampler are the same weights: a batch sampled with older
+  weights (overlapped rollouts) hands its recorded log-probs to the loss as
+  `Rollout.sampler_logprobs` (`sampler_logprobs`), weighed there against the
+  trainer's π_old and truncated at `rollout.tis_cap` (`grpo.step.objective`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from torch import Tensor, nn
 
 from grpo.lm.completion import Completion
 from grpo.lm.engines import RolloutSettings, make_rollout_engine
-from grpo.lm.engines.mismatch import gap_metrics, importance_weights
+from grpo.lm.engines.mismatch import engine_logprobs, gap_metrics, importance_weights
 from grpo.lm.loading import (
     LoraSettings,
     apply_lora,
@@ -292,16 +296,18 @@ class CausalLMPolicy:
     def rollout_importance_weights(
         self, actions: Sequence[Completion], old_logprobs: Tensor
     ) -> Tensor | None:
-        """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1): for
-        another engine (vLLM), capped at `rollout.tis_cap`; for top-k / top-p, which draws
-        from q = p / Z on the kept set, p / q = Z <= 1 (capped at 1, clipping rounding)."""
+        """Importance weights π_old / π_sampler (N, T) for the loss, or None (all 1), where
+        π_old is scored with the weights that sampled: for another engine (vLLM), capped at
+        `rollout.tis_cap`; for top-k / top-p, which draws from q = p / Z on the kept set,
+        p / q = Z <= 1 (capped at 1, clipping rounding)."""
         return importance_weights(actions, old_logprobs, self._weight_cap())
 
-    @property
-    def weighs_rollouts(self) -> bool:
-        """True when `rollout_importance_weights` weighs every rollout: a cap exists only where
-        the engine records its log-probs (truncation, or an engine that keeps a TIS cap)."""
-        return self._weight_cap() is not None
+    def sampler_logprobs(self, actions: Sequence[Completion]) -> Tensor | None:
+        """The log-probs (N, T') the engine recorded for each sampled token (0 past a
+        completion's end), or None when it recorded none (it samples as the scorer scores)."""
+        width = max((a.num_tokens for a in actions), default=0)
+        recorded = engine_logprobs(actions, width)
+        return None if recorded is None else recorded[0]
 
     def _weight_cap(self) -> float | None:
         """Cap of the importance weights: the engine's TIS cap, else 1 for truncated sampling

@@ -21,7 +21,15 @@ Checks at this boundary (each message names the function and the sample, and
 the row a `grpo.run.data.PromptRecord` was read from): a function that raises
 is re-run one sample at a time to find the sample it fails on, and the line of
 its file it raised at is named; a wrong number of values, a non-number, NaN/inf
-or a missing required column is an error. All of these are `RewardError`s.
+or a missing required column is an error. All of these are `RewardError`s
+(`grpo.rewards.calls`).
+
+Time: each call of a reward function is stopped after `timeout_seconds` (600 s by
+default; None = no limit), in whichever thread it runs (`grpo.rewards.time_limit`: the
+main thread, or a sampling thread with `run.max_staleness` >= 1). A call stopped so is
+re-run one sample at a time under the same limit, and the `RewardError` names the
+function and the first sample that runs over it alone: a reward that hangs stops the
+run with one message instead of holding it silently.
 
 Metrics of the last call (`last_metrics`): "rewards/<name>/mean" and
 "rewards/<name>/std" over the samples where <name> applies,
@@ -33,7 +41,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -41,12 +48,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpo.rewards.calls import call_reward
 from grpo.rewards.errors import RewardError
 
 __all__ = ["RewardError", "RewardFunction", "TextReward", "split_states"]
 
 RewardFunction = Callable[..., Sequence[Any]]
 RESERVED = ("prompts", "completions")
+TIMEOUT_SECONDS = 600.0  # a reward function's call, over a step's N samples
 
 
 def _name(fn: Callable) -> str:
@@ -86,7 +95,10 @@ class TextReward:
         weights: Sequence[float] | None = None,
         *,
         all_none: str = "error",
+        timeout_seconds: float | None = TIMEOUT_SECONDS,
     ) -> None:
+        """`timeout_seconds`: the longest one call of a reward function may run (None = no
+        limit); a call over it is a `RewardError` naming the function and the sample."""
         if isinstance(functions, Mapping):
             named = list(functions.items())
         else:
@@ -112,6 +124,10 @@ class TextReward:
                 raise ValueError(f"weight of {name!r}: got {w!r}; allowed: a finite number")
         if all_none not in ("error", "zero"):
             raise ValueError(f"all_none: got {all_none!r}; allowed: 'error', 'zero'")
+        t = timeout_seconds
+        if t is not None and not (isinstance(t, (int, float)) and 0 < t < math.inf):
+            raise ValueError(f"timeout_seconds: got {t!r}; allowed: a number > 0, or None")
+        self.timeout_seconds = None if t is None else float(t)
         self.functions = dict(named)
         self.required = {name: _required_columns(name, fn) for name, fn in named}
         """The columns each function requires: its parameters without a default."""
@@ -192,15 +208,7 @@ class TextReward:
         describe: Callable[[int], str],
     ) -> list:  # fmt: skip
         kwargs = _accepted(fn, columns)
-        try:
-            values = fn(prompts, texts, **kwargs)
-        except Exception as err:
-            n = _failing_sample(fn, prompts, texts, kwargs)
-            where = describe(n) if n is not None else f"a batch of {len(texts)}"
-            raise RewardError(
-                f"reward function {name!r} raised on {where}: {_one_line(err)}{_raised_at(fn, err)}"
-            ) from err
-        return _check_values(name, values, describe, len(texts))
+        return call_reward(name, fn, prompts, texts, kwargs, describe, self.timeout_seconds)
 
     def _combine(
         self, per_function: dict[str, list], describe: Callable[[int], str], N: int
@@ -257,49 +265,6 @@ def _required_columns(name: str, fn: Callable) -> tuple[str, ...]:
     return required
 
 
-def _failing_sample(fn: Callable, prompts: list, texts: list, kwargs: dict) -> int | None:
-    """Index of the first sample on which `fn`, called on that sample alone, raises."""
-    for n in range(len(texts)):
-        try:
-            fn([prompts[n]], [texts[n]], **{k: [v[n]] for k, v in kwargs.items()})
-        except Exception:
-            return n
-    return None
-
-
-def _check_values(
-    name: str, values: Any, describe: Callable[[int], str], N: int
-) -> list[float | None]:
-    if isinstance(values, Tensor):
-        values = values.tolist()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise RewardError(
-            f"reward function {name!r} returned {type(values).__name__}; allowed: a list of "
-            f"{N} numbers or None, one per sample"
-        )
-    if len(values) != N:
-        raise RewardError(
-            f"reward function {name!r} returned {len(values)} values for {N} samples; "
-            "allowed: one number or None per sample"
-        )
-    out: list[float | None] = []
-    for n, v in enumerate(values):
-        if v is None:
-            out.append(None)
-            continue
-        if not isinstance(v, (int, float)):  # a bool counts as 0 or 1
-            raise RewardError(
-                f"reward function {name!r} returned {type(v).__name__} {v!r:.40} for "
-                f"{describe(n)}; allowed: a number or None"
-            )
-        if not math.isfinite(v):
-            raise RewardError(
-                f"reward function {name!r} returned {v} for {describe(n)}; rewards must be finite"
-            )
-        out.append(float(v))
-    return out
-
-
 def _metrics(per_function: dict[str, list], rewards: Tensor) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for name, values in per_function.items():
@@ -316,21 +281,6 @@ def _describe(prompts: list, states: Sequence[Any], n: int) -> str:
     """ "sample n (prompt '...', train prompts line 7 of 'x.jsonl')" for messages."""
     source = getattr(states[n], "source", "")
     return f"sample {n} (prompt {_preview(prompts[n])}{', ' + source if source else ''})"
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(f"{type(err).__name__}: {err}".split())
-
-
-def _raised_at(fn: Callable, err: BaseException) -> str:
-    """ " at file.py:12": the deepest line of the function's own file in the traceback."""
-    frames = traceback.extract_tb(err.__traceback__)[1:]  # [0] is the call in `_call`
-    try:
-        own = inspect.getsourcefile(fn)
-    except TypeError:
-        own = None
-    mine = [f for f in frames if f.filename == own] or frames
-    return f" at {mine[-1].filename}:{mine[-1].lineno}" if mine else ""
 
 
 def _preview(prompt: Any, limit: int = 80) -> str:

@@ -4,29 +4,25 @@ The completion's final answer (a ``\\boxed{}`` value, a LaTeX expression or a
 plain number) is parsed and compared symbolically with the gold answer, so
 ``\\frac{1}{2}``, ``0.5`` and ``1/2`` all match each other.
 
-Threads: math-verify bounds parsing and comparison time with ``signal.alarm``,
-which Python only allows in the main thread; called from any other thread
-(a data-loader worker, a thread pool of reward calls) it raises. This module
-passes the timeouts only when running in the main thread and disables them
-elsewhere, so the reward works everywhere; the price is that a pathological
-expression parsed outside the main thread is not interrupted. Any error while
-parsing or verifying scores the completion as wrong rather than raising.
+Time: math-verify bounds parsing and comparison with ``signal.alarm``, which
+Python allows in the main thread only; a sampling thread (``run.max_staleness``
+>= 1) or any other thread would run without it, and one pathological expression
+could hold the run for good. So math-verify's own timeouts stay off and each
+answer's whole check (both parses and the comparison) runs under
+`grpo.rewards.time_limit`, which stops it in any thread: an answer still being
+checked after ``timeout_seconds`` is wrong, as is one that fails to parse or
+verify with any other error.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from grpo.rewards.parsers import completion_text
+from grpo.rewards.time_limit import time_limit
 
-__all__ = ["in_main_thread", "math_answer_reward", "verify_answer"]
-
-
-def in_main_thread() -> bool:
-    """True when signal-based timeouts (``signal.alarm``) are allowed here."""
-    return threading.current_thread() is threading.main_thread()
+__all__ = ["math_answer_reward", "verify_answer"]
 
 
 def _import_math_verify() -> Any:
@@ -39,17 +35,20 @@ def _import_math_verify() -> Any:
     return math_verify
 
 
-def verify_answer(completion: str, gold: str, *, timeout_seconds: int = 5) -> bool:
-    """Whether the answer in `completion` equals `gold` mathematically."""
+def verify_answer(completion: str, gold: str, *, timeout_seconds: float = 5) -> bool:
+    """Whether the answer in `completion` equals `gold` mathematically, found within
+    `timeout_seconds` (in any thread; False when the check runs out of time)."""
     math_verify = _import_math_verify()
-    # signal.alarm is only legal in the main thread: elsewhere run without it.
-    timeout = timeout_seconds if in_main_thread() else None
+    limit = time_limit(timeout_seconds)
     try:
-        gold_parsed = math_verify.parse(str(gold), parsing_timeout=timeout)
-        answer_parsed = math_verify.parse(completion, parsing_timeout=timeout)
-        if not gold_parsed or not answer_parsed:
-            return False
-        return bool(math_verify.verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
+        with limit:  # math-verify's signal-based timeouts off (None): they need the main thread
+            gold_parsed = math_verify.parse(str(gold), parsing_timeout=None)
+            answer_parsed = math_verify.parse(completion, parsing_timeout=None)
+            if not gold_parsed or not answer_parsed:
+                return False
+            return bool(math_verify.verify(gold_parsed, answer_parsed, timeout_seconds=None))
+    except limit.error:  # a pathological expression: wrong, as math-verify's own timeout scores it
+        return False
     except Exception:  # noqa: BLE001 - an unparseable answer is a wrong answer, not a crash
         return False
 

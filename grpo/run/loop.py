@@ -247,9 +247,16 @@ class TrainingLoop:
         return self.history
 
     def close(self) -> None:
-        """Stop the rollout producer's thread, if there is one (`train` does at its end)."""
+        """Stop the rollout producer (thread or process) and free what it holds. `train` does
+        at its end; a loop driven by `train_step` calls it, or runs in a `with` block."""
         if self.producer is not None:
             self.producer.close()
+
+    def __enter__(self) -> TrainingLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step on the next batch of states; returns (and logs) its metrics."""

@@ -17,12 +17,10 @@ producer waits for that version (`time/wait_weights`), the trainer for the batch
 (`time/wait_samples`); a bounded queue of k batches sits between them.
 
 A stale batch (sampled with older weights than it is trained with) carries the
-sampler's own log-probs, scored by the producer's copy without gradient
-(`Rollout.sampler_logprobs`, `time/sampler/logprobs`): the trainer recomputes log
-π_old and the loss is AReaL's decoupled objective (`grpo.step.objective`). A policy
-whose `rollout_importance_weights` already weigh every rollout against the sampler's
-log-probs recorded with its actions (`weighs_rollouts`: an engine with `rollout.tis_cap`,
-or top-p / top-k sampling) skips that scoring pass: its weights are the correction.
+sampler's own log-probs (`grpo.run.stamped`): the trainer recomputes log π_old and
+the loss is AReaL's decoupled objective (`grpo.step.objective`), each token weighed by
+min(π_old / π_sampler, `rollout.tis_cap`), its gap and capped share logged as a
+synchronous rollout's engine gap is (`rollout/logprob_gap_*`, `rollout/tis_capped_frac`).
 
 Threads: torch's intra-op thread count is process-wide (`torch.set_num_threads`
 in one thread sets it for all), so each stage computes with `run.threads` threads
@@ -31,6 +29,9 @@ and the two stages together use twice that many cores.
 Random numbers: sampling seeds itself through a fork of torch's global generator,
 so evaluation (which samples too) pauses the producer (`paused`); the training pass
 itself must draw none (dropout off, the default) for a run to be reproducible.
+
+Closing (`close`, which `TrainingLoop.close` and its `with` block call) stops the
+thread after the batch it is sampling: it draws nothing more, and its copy is freed.
 
 Checkpoints hold the state before the first batch not yet trained on: a resumed
 run samples the queued batches again, with the checkpoint's weights (staleness 0
@@ -46,73 +47,27 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from grpo.functional.importance import MISMATCH_KEYS
 from grpo.precision import hold_weight_cache_off, release_weight_cache
 from grpo.protocols import hook
-from grpo.records import Rollout
-from grpo.step.collect import sample_rollout, score_old_logprobs
+from grpo.run.stamped import (
+    Producer,
+    StampedBatch,
+    copy_weights,
+    drawn_state,
+    sample_stamped,
+)
 from grpo.step.staleness import StalenessLog, admitted, sampling_version, staleness_metrics
-from grpo.step.timing import StepTimer
 
-__all__ = [
-    "Producer", "RolloutProducer", "StampedBatch", "check_overlap", "copy_weights",
-    "overlapped_step",
-]  # fmt: skip
-
-
-@dataclass
-class StampedBatch:
-    """The samples of one step, stamped with the weights version that drew them."""
-
-    step: int  # the step that trains on them
-    version: int  # the weights version that sampled them
-    rollout: Rollout  # N = B * G samples; sampler_logprobs set when version < step
-    metrics: dict[str, float]  # the sampler's: rollout and reward metrics, its times
+__all__ = ["RolloutProducer", "check_overlap", "overlapped_step"]
 
 
 class _Stop(Exception):
-    """The producer was closed while waiting."""
-
-
-class Producer:
-    """What a rollout worker (thread or process) holds: the run's parts and its schedule."""
-
-    def __init__(
-        self, policy: Any, reward_model: Any, sampler: Any, group_size: int,
-        max_staleness: int, num_steps: int,
-    ) -> None:  # fmt: skip
-        self.policy = policy
-        self.reward_model = reward_model
-        self.sampler = sampler  # the loop's StateSampler: only the worker draws while it runs
-        self.G = group_size
-        self.k = max_staleness
-        self.num_steps = num_steps
-        self.first = 0  # the version the worker starts from
-        self._resume: dict[int, dict[str, Any]] = {}  # step -> state before its batch was drawn
-
-    def close(self) -> None:
-        """Stop the worker and drop what it sampled ahead (each worker's own)."""
-        raise NotImplementedError
-
-    def forget_drawn(self) -> None:
-        """Forget where earlier batches were drawn (a loaded checkpoint says where)."""
-        self.close()
-        self._resume.clear()
-
-    def needed(self, version: int) -> bool:
-        """Whether a later step samples with `version` (else publishing it is skipped)."""
-        return version <= sampling_version(self.num_steps - 1, self.k, self.first)
-
-
-def copy_weights(into: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
-    """Copy each of `source`'s tensors into the tensor of the same name in `into`."""
-    with torch.no_grad():
-        for name, tensor in into.items():
-            tensor.copy_(source[name])
+    """The producer was closed: no more batches are wanted."""
 
 
 class RolloutProducer(Producer):
@@ -128,11 +83,22 @@ class RolloutProducer(Producer):
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}  # version -> parameters
         self._queue: queue.Queue[StampedBatch | BaseException] = queue.Queue(maxsize=max_staleness)
         self._thread: threading.Thread | None = None
+        self._copy: Any = None  # the policy copy the thread samples with, while it runs
         self._stop = False
 
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    @property
+    def closing(self) -> bool:
+        """True once `close` was asked (until the next `start`): the thread draws no new batch."""
+        return self._stop
+
+    @property
+    def sampling_policy(self) -> Any:
+        """The copy of the policy the thread samples with; None before `start`, after `close`."""
+        return self._copy
 
     def start(self, step: int) -> None:
         """Sample from step `step` on, with the policy's weights now as version `step`; after
@@ -193,7 +159,8 @@ class RolloutProducer(Producer):
             yield
 
     def close(self) -> None:
-        """Stop the thread (after the batch it is sampling) and drop what is queued."""
+        """Stop the thread (after the batch it is sampling: it draws no other), drop what is
+        queued, and free its copy of the policy and the weights offered to it."""
         if self._thread is None:
             return
         with self._cond:
@@ -202,7 +169,10 @@ class RolloutProducer(Producer):
         while self._thread.is_alive():
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)  # unblock a producer waiting to put
-        self._thread = None
+        while not self._queue.empty():  # a batch put as the thread ended
+            self._queue.get_nowait()
+        self._thread, self._copy = None, None
+        self._snapshots.clear()
         release_weight_cache()
 
     # ------------------------------------------------------------------ the thread
@@ -210,7 +180,9 @@ class RolloutProducer(Producer):
         try:
             for step in range(self.first, self.num_steps):
                 batch = self._produce(step)
-                while not self._stop:
+                while True:  # hand it over, unless closed meanwhile
+                    if self._stop:
+                        raise _Stop
                     with contextlib.suppress(queue.Full):
                         self._queue.put(batch, timeout=0.05)
                         break
@@ -233,6 +205,8 @@ class RolloutProducer(Producer):
             self._resume[step] = drawn_state(self._copy, self.sampler)
             self._resume.pop(step - self.k - 2, None)  # long trained on
             self._cond.notify_all()
+            if self._stop:  # closed: this batch is not wanted, so it is not drawn
+                raise _Stop
         with self.sampling_lock:
             batch = sample_stamped(
                 self._copy, self.reward_model, next(self.sampler), self.G, step, version
@@ -256,41 +230,6 @@ class RolloutProducer(Producer):
         copy_weights(self._copy.get_parameters(), params)
         self._loaded = version
         return waited
-
-
-def drawn_state(policy: Any, sampler: Any) -> dict[str, Any]:
-    """Where the prompts and `policy`'s sampling seeds are, before the next draw."""
-    sampling = hook(policy, "sampling_state")
-    state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
-    return {"sampler": state, "policy_sampling": sampling() if callable(sampling) else None}
-
-
-def sample_stamped(
-    policy: Any, reward_model: Any, states: list[Any], G: int, step: int, version: int
-) -> StampedBatch:
-    """Sample and reward the batch of `step` with `policy` (holding `version`'s weights); a
-    stale one (version < step) carries the sampler's log-probs unless the policy weighs
-    its rollouts itself. `time/wait_weights` is the caller's to add."""
-    timer = StepTimer()
-    rollout = sample_rollout(policy, reward_model, states, G, timer)
-    metrics = {
-        **(hook(policy, "rollout_metrics") or {}),
-        **(hook(reward_model, "last_metrics") or {}),
-    }
-    scoring = 0.0
-    if version < step and hook(policy, "weighs_rollouts") is not True:
-        # stale: the loss corrects with the sampler's own log-probs (a policy that weighs
-        # its rollouts already holds them, recorded with the actions)
-        begin = time.perf_counter()
-        scored = score_old_logprobs(policy, rollout)
-        rollout = rollout._replace(sampler_logprobs=scored.old_logprobs)
-        scoring = time.perf_counter() - begin
-    metrics.update({
-        "time/sampler/sampling": timer.seconds["sampling"],
-        "time/sampler/rewards": timer.seconds["rewards"],
-        "time/sampler/logprobs": scoring,
-    })  # fmt: skip
-    return StampedBatch(step, version, rollout, metrics)
 
 
 def check_overlap(trainer: Any, max_staleness: int, world_size: int) -> None:
@@ -324,10 +263,11 @@ def overlapped_step(producer: RolloutProducer, trainer: Any, step: int) -> dict[
             f"max_staleness={producer.k} versions old"
         )
     metrics = dict(trainer.train_step(batch.rollout.states[::G], rollout=batch.rollout))
+    if batch.version == step:  # fresh: the policy's own engine gap, as a synchronous step's
+        own = hook(trainer.policy, "rollout_metrics") or {}
+        metrics.update({key: own[key] for key in MISMATCH_KEYS if key in own})
     published = producer.publish(step + 1)
-    log = StalenessLog(
-        [step - batch.version] * groups, 0, waited, batch.metrics["time/wait_weights"]
-    )
+    log = StalenessLog([step - batch.version] * groups, waited, batch.metrics["time/wait_weights"])
     metrics.update(batch.metrics)  # the sampler's: alongside the step, not inside it
     metrics.update(staleness_metrics(log))
     # the step as an operator sees it: waiting, updating, publishing; its phases still add up

@@ -51,14 +51,8 @@ from typing import Any
 import torch
 
 from grpo.precision import release_weight_cache
-from grpo.run.overlap import (
-    Producer,
-    RolloutProducer,
-    StampedBatch,
-    copy_weights,
-    drawn_state,
-    sample_stamped,
-)
+from grpo.run.overlap import RolloutProducer
+from grpo.run.stamped import Producer, StampedBatch, copy_weights, drawn_state, sample_stamped
 from grpo.step.staleness import sampling_version
 from grpo.step.timing import memory_metrics
 

@@ -25,23 +25,26 @@ Departures from seed 004:
   scores them may offer `rollout_importance_weights(actions, old_logprobs (N, T))
   -> (N, T) | None`: per-token weights on the policy loss (truncated importance
   sampling, `grpo.functional.importance`); None or no such method = all 1.
+- Samples drawn with older weights than π_old's (overlapped rollouts) carry the
+  sampler's log-probs (`Rollout.sampler_logprobs`): their weights are
+  min(π_old / π_sampler, tis_cap) (AReaL's decoupled objective), whatever the
+  policy's own weights would be. Only the policy term is weighted (docs/async.md).
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from grpo.functional.importance import truncated_importance_weights
+from grpo.functional.importance import mismatch_metrics, truncated_importance_weights
 from grpo.functional.losses import GlobalCounts, policy_loss
 from grpo.protocols import TokenLevelPolicy, TokenLogProbs, hook
 from grpo.records import ExperienceBatch, Rollout
 
-__all__ = ["GRPOObjective", "behaviour_weights", "policy_logprobs"]
+__all__ = ["GRPOObjective", "behaviour_metrics", "behaviour_weights", "policy_logprobs"]
 
 
 class GRPOObjective:
@@ -119,15 +122,18 @@ class GRPOObjective:
             ref_logprobs = ref_logprobs.to(device)  # (N, T)
         entropy = self._entropy(current)
         weights = None  # on-policy: sampled by the scorer itself, nothing to correct
-        if old_logprobs is not None:
+        if samples.sampler_logprobs is not None and old_logprobs is not None:
+            # sampled with older weights: decoupled PPO's π_old / π_sampler (N, T), against the
+            # sampler's own log-probs, truncated at tis_cap; a policy's own weights assume
+            # π_old and the sampler share weights (top-p's p / q = Z <= 1 then), not so here
+            weights = behaviour_weights(
+                old_logprobs, samples.sampler_logprobs, current.completion_mask, self.tis_cap
+            )
+        elif old_logprobs is not None:
             weights = _importance_weights(current_policy, actions, old_logprobs)  # (N, T) or None
         elif hook(current_policy, "sampler_is_scorer") is not True:
             # the old pass was skipped (one update per rollout): π_old is this pass, detached
             weights = _detached_old_weights(current_policy, actions, current)  # (N, T) or None
-        if weights is None and samples.sampler_logprobs is not None and old_logprobs is not None:
-            weights = behaviour_weights(
-                old_logprobs, samples.sampler_logprobs, current.completion_mask, self.tis_cap
-            )  # (N, T): decoupled PPO's π_old / π_sampler
         loss, stats = policy_loss(
             current.logprobs,
             old_logprobs,
@@ -205,12 +211,25 @@ def behaviour_weights(
 ) -> Tensor:
     """min(π_old / π_sampler, cap) per token (N, T) for samples of older weights; cap None =
     untruncated. `sampler_logprobs` (N, T') may be scored at another padding width."""
-    T = old_logprobs.shape[1]
-    sampler = sampler_logprobs.float().to(old_logprobs.device)[:, :T]  # (N, <= T)
+    sampler, mask = _aligned(old_logprobs, sampler_logprobs, completion_mask)
+    return truncated_importance_weights(old_logprobs.float(), sampler, mask, cap)
+
+
+def behaviour_metrics(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, completion_mask: Tensor, cap: float | None
+) -> dict[str, float]:
+    """The gap between π_old (N, T) and the sampler's log-probs (N, T') over counted tokens,
+    and the share of `behaviour_weights` capped (`grpo.functional.importance.MISMATCH_KEYS`)."""
+    sampler, mask = _aligned(old_logprobs, sampler_logprobs, completion_mask)
+    return mismatch_metrics(old_logprobs.float(), sampler, mask, cap)
+
+
+def _aligned(old: Tensor, sampler: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The sampler's log-probs cut or zero-padded to old's (N, T), and the mask as bool."""
+    T = old.shape[1]
+    sampler = sampler.float().to(old.device)[:, :T]  # (N, <= T)
     sampler = torch.nn.functional.pad(sampler, (0, T - sampler.shape[1]))  # (N, T)
-    mask = completion_mask.to(old_logprobs.device).bool()
-    limit = sys.float_info.max if cap is None else cap
-    return truncated_importance_weights(old_logprobs.float(), sampler, mask, limit)
+    return sampler, mask.to(old.device).bool()
 
 
 def _old_logprobs(samples: Rollout, current: TokenLogProbs) -> Tensor | None:

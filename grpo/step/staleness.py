@@ -10,8 +10,9 @@ sampler's.
 The bound is kept by admission, not by dropping: the sampler waits for the version a
 step needs before it samples that step's batch, so no group more than
 `max_staleness` versions old is ever sampled for training. `admitted` checks it once
-more where a batch is trained on; a group it refuses is dropped and counted
-(`staleness/dropped_groups`), which the run loop's own schedule never produces.
+more where a batch is trained on; a group it refused would be a fault of the
+schedule, so the run stops there with an error naming the step (`grpo.run.overlap`)
+rather than train on fewer groups than the step's B.
 
 Follows the staleness-bounded rollouts of AReaL (Fu et al. 2025, "AReaL: A
 Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning").
@@ -65,22 +66,20 @@ def steps_ahead(next_step: int, trainer_version: int) -> int:
 
 @dataclass
 class StalenessLog:
-    """What one trained step saw: the staleness of each group trained on, the groups
-    dropped, and the seconds each side waited for the other."""
+    """What one trained step saw: the staleness of each group trained on, and the seconds
+    each side waited for the other."""
 
     trained: list[int] = field(default_factory=list)  # (groups trained,) staleness of each
-    dropped: int = 0  # groups refused by `admitted`
     wait_samples: float = 0.0  # the trainer waiting for the sampler's batch
     wait_weights: float = 0.0  # the sampler waiting for the weights version it needs
 
 
 def staleness_metrics(log: StalenessLog) -> dict[str, float]:
-    """`staleness/mean|max|dropped_groups` and `time/wait_samples|wait_weights` of a step."""
+    """`staleness/mean|max` and `time/wait_samples|wait_weights` of a step."""
     trained = log.trained
     return {
         "staleness/mean": sum(trained) / len(trained) if trained else 0.0,
         "staleness/max": float(max(trained, default=0)),
-        "staleness/dropped_groups": float(log.dropped),
         "time/wait_samples": log.wait_samples,
         "time/wait_weights": log.wait_weights,
     }

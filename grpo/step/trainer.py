@@ -58,7 +58,7 @@ from grpo.step.collect import (
 )
 from grpo.step.metrics import loss_token_frac, rollout_metrics, step_summary
 from grpo.step.minibatch import MiniBatch, optimizer_windows, skips_zero_advantage
-from grpo.step.objective import GRPOObjective
+from grpo.step.objective import GRPOObjective, behaviour_metrics
 from grpo.step.timing import StepTimer, memory_metrics
 
 __all__ = ["GRPOTrainer"]
@@ -172,6 +172,9 @@ class GRPOTrainer:
             with timer.phase("old_logprobs"):
                 local = score_old_logprobs(self.policy, local, rows if counts is not None else None)
             counts = loss_token_counts(self.policy, local) if counts is None else counts
+        if stale:  # the gap of the older weights' sampler to π_old, as the loss weighs it
+            old, mask, sampler = local.old_logprobs, local.completion_mask, local.sampler_logprobs
+            metrics.update(behaviour_metrics(old, sampler, mask, self.objective.tis_cap))
         tokens = self.parallel.gather(counts)  # (N,)
         metrics.update(rollout_metrics(rewards.view(-1, self.config.group_size), advantages))
         metrics.update(loss_token_frac(advantages, tokens))

@@ -100,3 +100,27 @@ def test_importance_weights_must_match_the_shape():
     """A (N, T) mismatch is named."""
     with pytest.raises(ValueError, match="importance_weights"):
         _reinforce(torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_an_untruncated_weight_stays_finite_in_float32():
+    """exp(100) overflows float32: with no cap the weight is float32's largest number, never
+    inf; weights within range are exact, and a cap still applies."""
+    old = torch.tensor([[0.0, -1.0]])  # float32
+    sampler = torch.tensor([[-100.0, -1.5]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    weights = truncated_importance_weights(old, sampler, mask, cap=None)
+    assert weights.dtype == torch.float32 and bool(torch.isfinite(weights).all())
+    assert weights[0, 0].item() == torch.finfo(torch.float32).max
+    assert weights[0, 1].item() == pytest.approx(math.exp(0.5), rel=1e-6)
+    capped = truncated_importance_weights(old, sampler, mask, cap=2.0)
+    assert capped[0].tolist() == pytest.approx([2.0, math.exp(0.5)], rel=1e-6)
+
+
+def test_the_stale_correction_without_a_cap_stays_finite():
+    """behaviour_weights with tis_cap None (untruncated) on a log-ratio of 120: finite."""
+    from grpo.step.objective import behaviour_weights
+
+    weights = behaviour_weights(
+        torch.tensor([[0.0]]), torch.tensor([[-120.0]]), torch.ones(1, 1, dtype=torch.bool), None
+    )
+    assert bool(torch.isfinite(weights).all()) and weights.item() == torch.finfo(torch.float32).max

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
+from threads import run_in_thread
 
 from grpo.lm.completion import Completion
 from grpo.protocols import validate_reward_model
@@ -154,3 +156,46 @@ def test_bare_prompts_are_states_too():
     assert prompts == ["a", "b"] and columns == {}
     rewards = TextReward(length).compute_rewards(["a", "b"], ["xy", ""])
     assert rewards.dtype == torch.float32 and rewards.tolist() == [2.0, 0.0]
+
+
+def spins_on_seven(prompts, completions, **_):
+    """0 for every completion, after spinning in Python for up to 30 s on "7" (a hang)."""
+    for completion in completions:
+        deadline = time.monotonic() + 30.0
+        while completion == "7" and time.monotonic() < deadline:
+            pass
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_a_reward_that_hangs_is_one_error_naming_function_and_sample(in_thread):
+    """A call past timeout_seconds is stopped, in the main thread or a sampling thread, and one
+    RewardError names the function, the sample it hangs on alone, and its limit."""
+    reward = TextReward([length, spins_on_seven], timeout_seconds=0.3)
+    found = {}
+
+    def work():
+        begin = time.monotonic()
+        try:
+            reward.compute_rewards(STATES, TEXTS)
+        except RewardError as err:
+            found["error"] = str(err)
+        found["seconds"] = time.monotonic() - begin
+
+    run_in_thread(work, in_thread)
+    assert found["seconds"] < 10.0  # the batch and one probe of 0.3 s each, not 30 s
+    assert found["error"].startswith(
+        "reward function 'spins_on_seven' ran longer than its 0.3 s on sample 1 (prompt '3+3')"
+    )
+    assert f"stopped at {__file__}:" in found["error"]
+    assert TextReward(length, timeout_seconds=0.3).compute_rewards(STATES, TEXTS).tolist() == [
+        1.0, 1.0, 5.0,
+    ]  # fmt: skip
+
+
+def test_a_timeout_must_be_a_positive_number_or_none():
+    """timeout_seconds 0, a negative, inf or a string is refused by name; None turns it off."""
+    for bad in (0, -1.0, float("inf"), "10"):
+        with pytest.raises(ValueError, match="timeout_seconds: got"):
+            TextReward(length, timeout_seconds=bad)
+    assert TextReward(length, timeout_seconds=None).timeout_seconds is None

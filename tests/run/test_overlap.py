@@ -3,8 +3,11 @@ leave max_staleness 0 without a thread; resuming re-samples what was queued."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from toy_models import SequencePolicy, token_count_reward
 
 from grpo.cli import main
 from grpo.config import GRPOConfig
+from grpo.rewards.combine import RewardError, TextReward
 from grpo.run.loop import ScheduleConfig, StateSampler, TrainingLoop, make_optimizer
 from grpo.step.trainer import GRPOTrainer
 
@@ -22,13 +26,15 @@ SHORT = ["task.train_size=96", "task.eval_size=8", "run.tensorboard=false", "eva
 
 def _loop(
     max_staleness: int, num_steps: int = 6, policy_class: type = SequencePolicy,
-    worker: str = "thread", **grpo: object,
+    worker: str = "thread", tis_cap: float | None = None, reward: object = None, **grpo: object,
 ) -> TrainingLoop:  # fmt: skip
     torch.manual_seed(0)
     policy = policy_class(num_states=5, vocab_size=4, max_length=4, seed=1)
     config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=2, kl_coeff=0.1, **grpo)
     schedule = ScheduleConfig(num_steps=num_steps, learning_rate=0.05)
-    trainer = GRPOTrainer(policy, token_count_reward(1), make_optimizer(schedule), config)
+    reward = token_count_reward(1) if reward is None else reward
+    trainer = GRPOTrainer(policy, reward, make_optimizer(schedule), config)
+    trainer.objective.tis_cap = tis_cap  # as grpo.run.train sets rollout.tis_cap
     sampler = StateSampler(list(range(5)), 4, seed=2)
     return TrainingLoop(
         trainer, sampler, schedule, max_staleness=max_staleness, rollout_worker=worker
@@ -38,40 +44,78 @@ def _loop(
 @pytest.mark.parametrize("worker", ["thread", "process"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_each_step_is_sampled_k_versions_back_and_never_older(k, worker):
-    """Step s trains on groups of version max(s - k, 0): staleness min(s, k) <= k, none dropped."""
+    """Step s trains on groups of version max(s - k, 0): staleness min(s, k) <= k."""
     history = _loop(k, worker=worker).train()
     versions = [row["staleness/sampler_version"] for row in history]
     assert versions == [float(max(s - k, 0)) for s in range(6)]
     assert [row["staleness/max"] for row in history] == [float(min(s, k)) for s in range(6)]
     assert all(row["staleness/mean"] == row["staleness/max"] for row in history)  # one version
-    assert all(row["staleness/dropped_groups"] == 0.0 for row in history)
     stale = [row for s, row in enumerate(history) if s > 0 and versions[s] < s]
     assert stale and all("importance_weight/mean" in row for row in stale)  # decoupled loss
 
 
-class _WeighingPolicy(SequencePolicy):
-    """A policy whose own importance weights correct every rollout (as an engine with a TIS
-    cap does); all 1 here, so the loss's weights show whose they are."""
+class _TooOld:
+    """A producer stand-in that delivers each step's batch sampled with version 0."""
 
-    weighs_rollouts = True
+    def __init__(self, producer):
+        self.producer = producer
+        self.k, self.running = producer.k, True
 
-    def rollout_importance_weights(self, actions, old_logprobs):
-        return torch.ones_like(old_logprobs)
+    def next_batch(self, step):
+        from grpo.run.stamped import sample_stamped
+
+        p = self.producer
+        batch = sample_stamped(p.policy, p.reward_model, next(p.sampler), p.G, step, 0)
+        batch.metrics["time/wait_weights"] = 0.0
+        return batch, 0.0
+
+    def publish(self, version):
+        return 0.0
+
+
+def test_a_batch_older_than_the_bound_stops_the_run_naming_the_step():
+    """A batch k + 1 versions old is refused where it would be trained on: an error naming the
+    step and the version, no update, and no metric counting dropped groups (none are dropped)."""
+    loop = _loop(1)
+    loop.producer, real = _TooOld(loop.producer), loop.producer
+    history = [loop.train_step()]  # step 0 from version 0: staleness 0
+    history.append(loop.train_step())  # step 1 from version 0: staleness 1 = k
+    before = loop.trainer.policy.logits.detach().clone()
+    with pytest.raises(RuntimeError, match=r"step 2 got groups sampled with version 0, more "
+                       r"than max_staleness=1 versions old"):  # fmt: skip
+        loop.train_step()
+    assert torch.equal(loop.trainer.policy.logits, before)  # refused before any update
+    assert not any("dropped" in key for row in history for key in row)
+    real.close()
+
+
+class _RecordingPolicy(SequencePolicy):
+    """A policy whose sampler records a log-prob with each action it draws (as vLLM and top-p
+    engines do): here -50 for every token, far from the truth, so the loss shows it used them."""
+
+    def sampler_logprobs(self, actions):
+        T = max(len(a) for a in actions)
+        return torch.full((len(actions), T), -50.0)
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
-def test_a_policy_that_weighs_its_rollouts_is_not_scored_again_by_the_sampler(worker):
-    """Stale batches are scored by the sampler's copy only when the policy's own importance
-    weights do not correct them: the weighing policy's stale steps spend no scoring time and
-    train with its weights (mean exactly 1); the plain policy's are scored and reweighed."""
-    plain = _loop(1, worker=worker).train()
-    weighing = _loop(1, policy_class=_WeighingPolicy, worker=worker).train()
-    for history in (plain, weighing):
+def test_a_stale_batch_is_weighed_against_the_log_probs_its_sampler_recorded(worker):
+    """Stale batches are scored by the sampler's copy only where the sampler recorded nothing:
+    the recording policy's stale steps spend no scoring time and are weighed against the
+    recorded log-probs, min(π_old / e^-50, tis_cap) = tis_cap on every token; the plain
+    policy's are scored and weighed around 1. Both report the gap and the capped share."""
+    plain = _loop(1, worker=worker, tis_cap=2.0).train()
+    recording = _loop(1, policy_class=_RecordingPolicy, worker=worker, tis_cap=2.0).train()
+    for history in (plain, recording):
         assert [row["staleness/max"] for row in history] == [0.0] + [1.0] * 5
+        assert all("rollout/logprob_gap_mean" in row for row in history[1:])
     assert all(row["time/sampler/logprobs"] > 0 for row in plain[1:])
-    assert all(row["time/sampler/logprobs"] == 0.0 for row in weighing[1:])
-    assert any(row["importance_weight/mean"] != 1.0 for row in plain[1:])
-    assert all(row["importance_weight/mean"] == 1.0 for row in weighing[1:])
+    assert all(row["time/sampler/logprobs"] == 0.0 for row in recording[1:])
+    assert all(row["importance_weight/mean"] == pytest.approx(2.0) for row in recording[1:])
+    assert all(row["rollout/tis_capped_frac"] == 1.0 for row in recording[1:])
+    assert all(row["rollout/logprob_gap_max"] > 40.0 for row in recording[1:])
+    assert all(0.5 < row["importance_weight/mean"] < 1.5 for row in plain[1:])
+    assert all(row["rollout/tis_capped_frac"] < 0.5 for row in plain[1:])
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])
@@ -215,3 +259,111 @@ def test_a_sampling_thread_runs_autocast_without_its_weight_cache(worker, while_
     _loop(1, worker=worker).train(after_step=lambda step: seen.append(_cache_on()))
     assert seen == [while_running] * 6
     assert _cache_on()
+
+
+def _until(condition, seconds: float = 30.0) -> None:
+    """Wait for `condition()` (polling), failing the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+class _GatedPolicy(SequencePolicy):
+    """Counts every batch drawn (its class holds the count: the producer samples with a deep
+    copy); from the second draw on, a draw ends only once the producer is closing, so that
+    close() is always asked while a batch is being sampled."""
+
+    draws: list[int] = []
+    producer = None
+
+    def generate_actions(self, states, num_actions_per_state, **kwargs):
+        cls = type(self)
+        cls.draws.append(len(states))
+        if len(cls.draws) >= 2:
+            _until(lambda: cls.producer.closing)
+        return super().generate_actions(states, num_actions_per_state, **kwargs)
+
+
+def test_after_close_the_thread_draws_no_further_batch():
+    """k = 4, an error in step 0's update while step 1's batch is being drawn: the run stops
+    with that error, and the thread finishes the batch in hand but draws none of steps 2-4,
+    whose weights (version 0) it holds already: 2 draws, not 5."""
+    _GatedPolicy.draws = []
+    loop = _loop(4, policy_class=_GatedPolicy)
+    _GatedPolicy.producer = loop.producer
+
+    def fail(*args, **kwargs):
+        _until(lambda: len(_GatedPolicy.draws) == 2)  # step 1's batch is being drawn
+        raise RuntimeError("update failed")
+
+    loop.trainer.train_step = fail
+    with pytest.raises(RuntimeError, match="update failed"):
+        loop.train()
+    assert not loop.producer.running and len(_GatedPolicy.draws) == 2
+
+
+def test_close_frees_the_sampling_threads_copy_of_the_policy():
+    """The thread samples with a deep copy of the policy; once closed, nothing holds it."""
+    loop = _loop(1)
+    loop.train_step()
+    copy = weakref.ref(loop.producer.sampling_policy)
+    assert copy() is not None and copy() is not loop.trainer.policy
+    loop.close()
+    gc.collect()
+    assert copy() is None and loop.producer.sampling_policy is None
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_loop_driven_step_by_step_stops_its_worker_at_the_end_of_a_with_block(worker):
+    """`with TrainingLoop(...) as loop: loop.train_step()`: the worker runs inside the block and
+    is stopped at its end (an exception leaving the block stops it too)."""
+    before = threading.active_count()
+    with _loop(1, worker=worker) as loop:
+        loop.train_step()
+        loop.train_step()
+        assert loop.producer.running and threading.active_count() > before
+    assert not loop.producer.running
+    _until(lambda: threading.active_count() == before, 10.0)  # a process's pipe threads end
+    with pytest.raises(KeyError), _loop(1, worker=worker) as loop:
+        loop.train_step()
+        raise KeyError("stop")
+    assert not loop.producer.running
+    _until(lambda: threading.active_count() == before, 10.0)
+
+
+def spins_on_state_2(prompts, completions, **_):
+    """Reward 0, after spinning in Python for up to 20 s on prompt 2 (a hanging reward)."""
+    for prompt in prompts:
+        deadline = time.monotonic() + 20.0
+        while prompt == 2 and time.monotonic() < deadline:
+            pass
+    return [0.0] * len(prompts)
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_reward_that_hangs_in_the_rollout_worker_stops_the_run_with_one_error(worker):
+    """Rewards run in the worker's thread (math-verify's signal-based timeouts could not): a
+    reward past its timeout there is stopped, and the trainer raises one RewardError naming
+    the function and the sample it hangs on."""
+    reward = TextReward(spins_on_state_2, timeout_seconds=0.3)
+    begin = time.monotonic()
+    with pytest.raises(RewardError, match=r"^reward function 'spins_on_state_2' ran longer than "
+                       r"its 0.3 s on sample \d+ \(prompt '2'\)"):  # fmt: skip
+        _loop(1, worker=worker, reward=reward).train()
+    assert time.monotonic() - begin < 15.0
+
+
+def test_the_demo_overlapped_with_top_p_reports_the_gap_on_every_step(tmp_path, monkeypatch):
+    """configs/demo.yaml with top_p 0.9, rollout.tis_cap 2 and max_staleness 1: every step's row
+    has the sampler-trainer gap and the capped share, fresh step 0 (the engine's log q against
+    π_old of the same weights) as the stale ones (against the older weights' log q)."""
+    monkeypatch.chdir(REPO)
+    sets = [*SHORT, "run.max_staleness=1", "schedule.num_steps=3", "run.checkpoint_every=0",
+            "policy.generation.top_p=0.9", "rollout.tis_cap=2.0", f"run.dir={tmp_path / 'run'}"]  # fmt: skip
+    assert main(["train", "configs/demo.yaml", *[a for s in sets for a in ("--set", s)]]) == 0
+    rows = _rows(tmp_path / "run")
+    assert [row["staleness/max"] for row in rows] == [0.0, 1.0, 1.0]
+    for row in rows:
+        assert 0 < row["rollout/logprob_gap_mean"] <= row["rollout/logprob_gap_max"]
+        assert 0 <= row["rollout/tis_capped_frac"] <= 1

@@ -194,3 +194,27 @@ def test_decoupled_loss_equals_the_standard_one_when_the_sampler_is_pi_old():
         grads.append(policy.logprobs.grad)
         losses.append(out["total_loss"])
     assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+
+
+def test_the_kl_term_of_a_stale_batch_carries_no_importance_weight():
+    """docs/async.md: only the policy term is weighed by π_old / π_sampler. With weights (2, 0.5)
+    on a stale batch, k3 per sample and its gradient are the unweighted ones, by hand:
+    k3 = r - log r - 1 with r = π_ref / π, ∂k3/∂log π = 1 - r; A = 0, so the policy term has
+    no gradient and the whole gradient is β · mean(1 - r)."""
+    beta, ref = 0.5, [math.log(0.25), math.log(0.5)]  # π = (0.75, 0.25): r = (1/3, 2)
+    samples = _stale_samples([0.25, 0.5])._replace(advantages=torch.zeros(2))
+    outs, grads = [], []
+    for batch in (samples, samples._replace(sampler_logprobs=None)):  # stale, then fresh
+        policy, reference = _Fixed([math.log(0.75), math.log(0.25)]), _Fixed(ref)
+        objective = GRPOObjective(kl_coeff=beta, entropy_coeff=0.0, aggregation="token_mean")
+        outs.append(objective.loss(policy, reference, batch))
+        outs[-1]["total_loss"].backward()
+        grads.append(policy.logprobs.grad)
+    stale, fresh = outs
+    assert stale["importance_weight/mean"].item() == pytest.approx(1.25)  # (2 + 0.5) / 2
+    r = torch.tensor([1 / 3, 2.0])
+    k3 = r - r.log() - 1
+    assert stale["kl/mean"].item() == pytest.approx(k3.mean().item(), rel=1e-6)
+    assert stale["loss/kl"].item() == pytest.approx(beta * k3.mean().item(), rel=1e-6)
+    torch.testing.assert_close(grads[0], beta * (1 - r) / 2, rtol=1e-6, atol=0)
+    assert torch.equal(grads[0], grads[1]) and torch.equal(stale["loss/kl"], fresh["loss/kl"])

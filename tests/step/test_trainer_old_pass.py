@@ -153,55 +153,65 @@ def test_option_must_be_a_bool():
         GRPOConfig(skip_redundant_old_logprobs="yes")
 
 
-def _update_from_rollout(policy, with_sampler_scores: bool, stale: bool = False):
-    """One SGD step of `policy` on its own rollout of PROMPTS, with or without the sampler's
-    log-probs; `stale`: the weights move (seeded noise) between sampling and the update, as
-    an overlapped trainer's do -> (weights after, no-grad passes, metrics)."""
+def _update_from_rollout(policy, sampler: str, stale: bool = False, tis_cap=None):
+    """One SGD step of `policy` on its own rollout of PROMPTS; `sampler`: the batch carries no
+    sampler log-probs ("none"), the sampler's scores ("scored") or its engine's recorded ones
+    ("recorded"); `stale`: the weights move (seeded noise) between sampling and the update, as
+    an overlapped trainer's do -> (weights after, no-grad passes, metrics, rollout, log π_old)."""
     from grpo.step.collect import sample_rollout, score_old_logprobs
 
     rollout = sample_rollout(policy, TokenSumReward(), PROMPTS, 2)
-    if with_sampler_scores:
+    if sampler == "scored":
         rollout = rollout._replace(
             sampler_logprobs=score_old_logprobs(policy, rollout).old_logprobs
         )
+    elif sampler == "recorded":
+        rollout = rollout._replace(sampler_logprobs=policy.sampler_logprobs(rollout.actions))
     if stale:
         generator = torch.Generator().manual_seed(5)
         with torch.no_grad():
             for p in policy.model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    old = score_old_logprobs(policy, rollout)  # π_old as the trainer will score it
     counts = _count_scoring_passes(policy)
     config = GRPOConfig(
         group_size=2, batch_size=6, num_epochs_per_update=1, kl_coeff=0.0, entropy_coeff=0.0
     )
     trainer = GRPOTrainer(policy, TokenSumReward(), lambda ps: torch.optim.SGD(ps, lr=1.0), config)
+    trainer.objective.tis_cap = tis_cap
     metrics = trainer.train_step(PROMPTS, rollout=rollout)
     weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
-    return weights, counts["no_grad"], metrics
+    return weights, counts["no_grad"], metrics, rollout, old
 
 
 def test_a_stale_rollout_always_recomputes_pi_old_and_equals_the_fresh_update(tiny_lm_dir):
     """A rollout with sampler log-probs (overlapped sampling) runs the no-grad pass even where it
     would be skipped; sampled by these very weights, its update is the synchronous one."""
-    fresh, fresh_passes, _ = _update_from_rollout(_policy(tiny_lm_dir), False)
-    stale, stale_passes, metrics = _update_from_rollout(_policy(tiny_lm_dir), True)
+    fresh, fresh_passes, *_ = _update_from_rollout(_policy(tiny_lm_dir), "none")
+    stale, stale_passes, metrics, *_ = _update_from_rollout(_policy(tiny_lm_dir), "scored")
     assert fresh_passes == 0 and stale_passes >= 1
     assert metrics["importance_weight/mean"] == 1.0  # π_old / π_sampler exactly 1
+    assert metrics["rollout/logprob_gap_max"] == 0.0  # the sampler is π_old
     for name in fresh:
         torch.testing.assert_close(stale[name], fresh[name], rtol=0, atol=1e-6)
 
 
-def test_a_policy_weighing_its_rollouts_needs_no_sampler_scores(tiny_lm_dir):
-    """Top-p sampling: the policy's own p / q weights correct the rollout (`weighs_rollouts`),
-    so a stale batch (weights moved after sampling) without the sampler's scores, as
-    overlapped sampling then sends it, updates the weights as one with them, and without
-    the no-grad pass."""
+def test_a_stale_top_p_batch_is_weighed_against_its_recorded_log_q(tiny_lm_dir):
+    """Top-p sampling, weights moved after sampling: the batch carries its engine's log q, the
+    trainer recomputes π_old, and the step's weights and mismatch metrics are those of
+    min(π_old / q, tis_cap), by hand from π_old and log q (not capped at 1)."""
     policy = _policy_sampling_top_p(tiny_lm_dir)
-    assert policy.weighs_rollouts and not policy.sampler_is_scorer
-    scored, scored_passes, _ = _update_from_rollout(policy, True, stale=True)
-    unscored, unscored_passes, metrics = _update_from_rollout(
-        _policy_sampling_top_p(tiny_lm_dir), False, stale=True
+    _, passes, metrics, rollout, old = _update_from_rollout(
+        policy, "recorded", stale=True, tis_cap=1.1
     )
-    assert scored_passes >= 1 and unscored_passes == 0
-    assert metrics["importance_weight/mean"] < 1.0  # p / q < 1 where top-p cut the tail
-    for name in scored:
-        torch.testing.assert_close(unscored[name], scored[name], rtol=0, atol=1e-5)
+    assert passes >= 1
+    mask, logq = old.completion_mask, rollout.sampler_logprobs
+    logq = torch.nn.functional.pad(logq, (0, mask.shape[1] - logq.shape[1]))  # (N, T)
+    log_ratio = (old.old_logprobs - logq)[mask].double()  # counted tokens
+    weights, gap = log_ratio.exp().clamp(max=1.1), log_ratio.abs()
+    assert float(log_ratio.exp().max()) > 1.1  # some tokens became likelier than q: capped
+    assert metrics["importance_weight/mean"] == pytest.approx(weights.mean().item(), rel=1e-5)
+    assert metrics["rollout/logprob_gap_mean"] == pytest.approx(gap.mean().item(), rel=1e-5)
+    assert metrics["rollout/logprob_gap_max"] == pytest.approx(gap.max().item(), rel=1e-5)
+    capped = (log_ratio.exp() > 1.1).double().mean().item()
+    assert metrics["rollout/tis_capped_frac"] == pytest.approx(capped, rel=1e-9)

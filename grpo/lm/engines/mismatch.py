@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from grpo.functional.importance import logprob_gap, truncated_importance_weights
+from grpo.functional.importance import mismatch_metrics, truncated_importance_weights
 from grpo.lm.completion import Completion
 
 __all__ = ["engine_logprobs", "gap_metrics", "importance_weights"]
@@ -51,13 +51,7 @@ def gap_metrics(
         return {}
     sampler, present = (t.to(old_logprobs.device) for t in engine)
     mask = completion_mask.bool() & present  # (N, T)
-    gap = logprob_gap(old_logprobs.float(), sampler, mask)
-    metrics = {"rollout/logprob_gap_mean": gap["mean"], "rollout/logprob_gap_max": gap["max"]}
-    if tis_cap is not None:
-        ratio = torch.exp(old_logprobs.double() - sampler.double())  # (N, T)
-        capped = (ratio > tis_cap) & mask
-        metrics["rollout/tis_capped_frac"] = capped.sum().item() / max(int(mask.sum()), 1)
-    return metrics
+    return mismatch_metrics(old_logprobs.float(), sampler, mask, tis_cap)
 
 
 def importance_weights(

@@ -184,7 +184,8 @@ class RolloutSettings:
     policy loss (Yao et al. 2025), for any engine whose sampler is not the scorer (vLLM, or
     the transformers and lean engines sampling in another precision); None = no correction.
     Also caps the behaviour correction of groups sampled with older weights
-    (`run.max_staleness`; None there = untruncated). Must be >= 1."""
+    (`run.max_staleness`; None there = untruncated), top-k / top-p sampling's included, whose
+    correction is capped at 1 only while the sampler's weights are π_old's. Must be >= 1."""
 
     def __post_init__(self) -> None:
         _check_choice("engine", self.engine, ENGINE_NAMES, owner="rollout")

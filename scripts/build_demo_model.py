@@ -77,24 +77,27 @@ def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A randomly initialised small Llama with the tokenizer's special ids."""
+def build_model(tokenizer: PreTrainedTokenizerFast, shape: dict = MODEL) -> LlamaForCausalLM:
+    """A randomly initialised small Llama of `shape` with the tokenizer's special ids."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL,
+        **shape,
     )
     return LlamaForCausalLM(config)
 
 
-def sft_batch(tokenizer, rows: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-    """Right-padded `<bos> prompt answer <eos>`; labels only on `answer <eos>`."""
+def sft_batch(
+    tokenizer, rows: list[dict[str, str]], answer: str = "answer"
+) -> dict[str, torch.Tensor]:
+    """Right-padded `<bos> prompt answer <eos>`; labels only on `answer <eos>` (the column
+    `answer` of each row)."""
     ids, labels = [], []
     for row in rows:
         prompt = tokenizer(row["prompt"])["input_ids"]  # starts with <bos>
-        target = tokenizer(row["answer"], add_special_tokens=False)["input_ids"]
+        target = tokenizer(row[answer], add_special_tokens=False)["input_ids"]
         target = target + [tokenizer.eos_token_id]
         ids.append(prompt + target)
         labels.append([-100] * len(prompt) + target)
@@ -163,10 +166,6 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = build_tokenizer(args.seed)
     model = build_model(tokenizer)
     log = train(model, tokenizer, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
-    _portable_tokenizer_class(args.out / "tokenizer_config.json")
     info = {
         "task": {k: v for k, v in vars(TASK).items()},
         "model": {"class": "LlamaForCausalLM", "parameters": model.num_parameters(), **MODEL},
@@ -179,8 +178,17 @@ def main(argv: list[str] | None = None) -> None:
         "build_seconds": round(time.time() - start, 1),
         "torch": torch.__version__,
     }
-    (args.out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"saved {args.out} ({model.num_parameters()} parameters)")
+    save(model, tokenizer, args.out, info)
+
+
+def save(model, tokenizer, out: Path, info: dict) -> None:
+    """The model (safetensors), its tokenizer and `info` as build_info.json in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out / "tokenizer_config.json")
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"saved {out} ({model.num_parameters()} parameters)")
 
 
 if __name__ == "__main__":

@@ -39,22 +39,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from tokenizers import (  # noqa: E402
-    Regex,
-    Tokenizer,
-    decoders,
-    models,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a plain script from a checkout, installed or not
 sys.path.insert(0, str(REPO / "scripts"))
 
-from build_demo_model import SPECIAL_TOKENS, build_model, save, sft_batch  # noqa: E402
+from build_demo_model import build_model, save, sft_batch, word_level_tokenizer  # noqa: E402
 
 from grpo.tasks import chess  # noqa: E402
 from grpo.tasks.arithmetic import greedy_completions  # noqa: E402
@@ -90,27 +81,11 @@ def every_move() -> list[str]:
 
 def build_tokenizer(rows: list[dict[str, str]]) -> PreTrainedTokenizerFast:
     """A WordLevel tokenizer: FEN characters and whole moves, <bos> prepended."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(MOVE + r"|[\s\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()  # join the pieces back as they were
     corpus = [row["prompt"] + row["answer"] for row in rows]
     corpus.append("".join(" " + move for move in every_move()))  # no move is ever unknown
     corpus.append("FEN: KQRBNPkqrbnp/12345678 wb-\nM:")  # every character a prompt can hold
-    trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1)
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    bos = tokenizer.token_to_id("<bos>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        padding_side="left",
-        model_max_length=MODEL["max_position_embeddings"],
-    )
+    # a move with its leading space is one piece, any other character one piece
+    return word_level_tokenizer(MOVE + r"|[\s\S]", corpus, MODEL["max_position_embeddings"])
 
 
 def positions(count: int, split: str, seed: int) -> list[dict[str, str]]:

@@ -53,13 +53,19 @@ MODEL = dict(
 
 def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
     """A one-character-per-token tokenizer that prepends <bos> and decodes without spaces."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()  # join characters back without separators
     corpus = [
         row["prompt"] + row["answer"] for row in generate_dataset(2000, seed=seed, config=TASK)
     ]
     corpus.append("0123456789+-*=")  # every symbol the task can produce, whatever the sample
+    return word_level_tokenizer(".", corpus, MODEL["max_position_embeddings"])
+
+
+def word_level_tokenizer(pieces: str, corpus: list[str], max_length: int) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer whose tokens are the matches of the regex `pieces`, trained on
+    `corpus`: <pad>/<bos>/<eos>/<unk>, <bos> prepended, decoding joins the pieces unchanged."""
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(pieces), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()  # join the pieces back without separators
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1)
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     bos = tokenizer.token_to_id("<bos>")
@@ -73,7 +79,7 @@ def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
         pad_token="<pad>",
         unk_token="<unk>",
         padding_side="left",
-        model_max_length=MODEL["max_position_embeddings"],
+        model_max_length=max_length,
     )
 
 

@@ -3,14 +3,21 @@ training wall time: the worker side of `bench/time_to_accuracy.py`.
 
 Both libraries get the same things, all taken from one grpo `RunConfig` (the
 workload's config file plus its overrides: configs/demo.yaml's arithmetic on the
-shipped arith-tiny model, or configs/smollm2_math.yaml's word problems on
+shipped arith-tiny model, configs/chess.yaml's move lists on the shipped
+chess-tiny model, or configs/smollm2_math.yaml's word problems on
 SmolLM2-135M-Instruct, prompts as chat messages through the model's chat
 template in both): the same model folder, the same train and held-out problems
 (built by grpo's task), the same reward functions and weights, B prompts x G
 samples per step, the same sampling settings, AdamW at the same rate with the
-same schedule, the same gradient clip, no KL, a token-mean loss, the same
-precision (fp32, or bf16 autocast: TRL's `bf16=True`; `auto` resolved as grpo
+same schedule, the same gradient clip, the same KL (grpo's `kl_coeff` as TRL's
+`beta`, both the plain k3 estimate to a frozen copy of the starting model: TRL's
+`use_bias_correction_kl` off), the same loss denominator (`TRL_LOSS_TYPES`), the
+same precision (fp32, or bf16 autocast: TRL's `bf16=True`; `auto` resolved as grpo
 resolves it on this CPU), the same thread count.
+
+The headline figure is held-out greedy accuracy, or for a task without one
+(chess) the held-out greedy reward (`HEADLINE`); "accuracy" in the records
+names that figure.
 
 Evaluation is identical too: grpo's own evaluator (greedy, the task's held-out
 problems) on a grpo policy holding a copy of the trained weights. Its time is
@@ -36,14 +43,26 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 ACCURACY = "eval/greedy/accuracy"
+HEADLINE = {"chess": "eval/greedy/reward_mean"}  # task -> its figure, where not ACCURACY
 
 
-EXTRA = (  # more held-out figures recorded where the task reports them (word problems)
+EXTRA = (  # more held-out figures recorded where the task reports them (word problems, chess)
     "eval/heldout_numbers/greedy/accuracy",
     "eval/heldout_phrasings/greedy/accuracy",
     "eval/heldout_bare/greedy/accuracy",
     "eval/greedy/length_mean",
+    "eval/greedy/precision",
+    "eval/greedy/coverage",
+    "eval/greedy/format_rate",
 )
+# grpo's aggregation -> TRL 1.16's loss_type with the same denominator: the tokens of the
+# whole batch ("dapo"), or each completion's own before the mean over completions ("grpo")
+TRL_LOSS_TYPES = {"token_mean": "dapo", "sequence_mean": "grpo"}
+
+
+def headline(task: str) -> str:
+    """The evaluation key a workload's runs are compared on."""
+    return HEADLINE.get(task, ACCURACY)
 
 
 def run_config(overrides: list[str], seed: int, run_dir: str) -> Any:
@@ -53,14 +72,15 @@ def run_config(overrides: list[str], seed: int, run_dir: str) -> Any:
     path = REPO / "configs" / "demo.yaml"
     if overrides and overrides[0].startswith("config="):
         path, overrides = REPO / overrides[0].split("=", 1)[1], overrides[1:]
-    sets = [*overrides, f"seed={seed}", f"run.dir={run_dir}", "evaluation.modes=[greedy]"]
+    sets = [*overrides, f"seed={seed}", f"run.dir={run_dir}", "evaluation.modes=[greedy]",
+            "evaluation.reference_kl=false"]  # fmt: skip
     return load_config(str(path), sets)
 
 
-def point(metrics: dict, step: int, seconds: float, cpu: float) -> dict:
-    """One evaluation's record: the headline accuracy and the task's extra figures."""
-    extra = {key.split("/", 1)[1]: metrics[key] for key in EXTRA if key in metrics}
-    return {"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": metrics[ACCURACY],
+def point(metrics: dict, step: int, seconds: float, cpu: float, key: str = ACCURACY) -> dict:
+    """One evaluation's record: the headline figure (`key`) and the task's extra figures."""
+    extra = {name.split("/", 1)[1]: metrics[name] for name in EXTRA if name in metrics}
+    return {"step": step, "seconds": seconds, "cpu_seconds": cpu, "accuracy": metrics[key],
             **extra}  # fmt: skip
 
 
@@ -72,10 +92,11 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     config = run_config(overrides, seed, str(out / "grpo"))
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_task)
+    key = headline(config.task.name)
     points, seconds, cpu, sampling = [], 0.0, 0.0, 0.0
     for step in range(config.schedule.num_steps + 1):
         if step % eval_every == 0 or step == config.schedule.num_steps:
-            points.append({**point(parts.evaluate()[0], step, seconds, cpu),
+            points.append({**point(parts.evaluate()[0], step, seconds, cpu, key),
                            "sampling_seconds": sampling})  # fmt: skip
         if step < config.schedule.num_steps:
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -104,6 +125,11 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
     # `auto` as grpo resolves it on this machine: TRL trains at the precision grpo does
     precision = resolve_precision("policy.precision", config.policy.precision, "cpu")
     s, g, gen = config.schedule, config.grpo, config.policy.generation
+    if g.aggregation not in TRL_LOSS_TYPES or (g.kl_coeff and g.kl_estimator != "k3"):
+        raise ValueError(
+            f"grpo.aggregation={g.aggregation!r}, kl_estimator={g.kl_estimator!r}: TRL has the "
+            f"same loss for aggregation in {sorted(TRL_LOSS_TYPES)} and the k3 KL alone"
+        )
     # rows per forward as grpo's micro-batches; accumulated to one optimizer step per rollout
     rows = config.prompts_per_step * g.group_size
     micro = min(config.policy.micro_batch_size, rows)
@@ -114,13 +140,15 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
         num_generations=g.group_size, gradient_accumulation_steps=rows // micro,
         steps_per_generation=rows // micro,
         num_iterations=1, max_completion_length=gen.max_new_tokens, temperature=gen.temperature,
-        top_p=gen.top_p, top_k=gen.top_k, beta=0.0, learning_rate=s.learning_rate,
+        top_p=gen.top_p, top_k=gen.top_k, beta=g.kl_coeff, use_bias_correction_kl=False,
+        learning_rate=s.learning_rate,
         lr_scheduler_type=s.lr_scheduler, warmup_steps=s.warmup_steps, weight_decay=s.weight_decay,
         adam_beta1=s.adam_betas[0], adam_beta2=s.adam_betas[1], max_grad_norm=g.max_grad_norm,
         max_steps=s.num_steps, use_cpu=True, bf16=precision == "bf16-mixed",
         fp16=False, use_vllm=False,
         report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0, seed=seed, loss_type="dapo",
+        disable_tqdm=True, dataloader_num_workers=0, seed=seed,
+        loss_type=TRL_LOSS_TYPES[g.aggregation],
         scale_rewards=trl_scale(g), mask_truncated_completions=False, log_completions=False,
         gradient_checkpointing=config.policy.gradient_checkpointing,  # TRL's default is True
     )  # fmt: skip
@@ -137,6 +165,7 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
     config = run_config(overrides, seed, str(out / "grpo-eval"))
     seed_everything(config.seed, False, config.run.threads)
     parts = build_task(config)  # the data and the evaluator; its policy only evaluates
+    key = headline(config.task.name)
     steps = config.schedule.num_steps
     points: list[dict] = []
     # training starts when TRL's first step is about to; evaluations are off both clocks
@@ -147,7 +176,7 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
         parts.policy.model.load_state_dict(model.state_dict())
         seconds = begin - clock["started"] - clock["off"]
         cpu = begin_cpu - clock["cpu_started"] - clock["cpu_off"]
-        points.append({**point(parts.evaluate()[0], step, seconds, cpu),
+        points.append({**point(parts.evaluate()[0], step, seconds, cpu, key),
                        "sampling_seconds": clock["sampling"]})  # fmt: skip
         clock["off"] += time.perf_counter() - begin
         clock["cpu_off"] += time.process_time() - begin_cpu

@@ -26,10 +26,12 @@ __all__ = [
     "MODEL_SIZES",
     "Workload",
     "build_model",
+    "busy_threads",
     "load_average",
     "peak_rss_mib",
     "prompts",
     "timing_flags",
+    "worker_env",
     "yes_reward",
 ]
 
@@ -114,6 +116,22 @@ def peak_rss_mib() -> float:
 def load_average() -> float:
     """The machine's 1-minute load average (runnable processes), read just before a run."""
     return os.getloadavg()[0]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a measured run's process: this one's, with OpenMP threads that sleep
+    rather than spin while they wait (`OMP_WAIT_POLICY=PASSIVE` unless it is set). On a machine
+    shared with other work, two spinning threads of a small model's step were measured to make
+    it several times slower; alone, waiting costs little either way."""
+    return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
+def busy_threads(threads: int, env: dict[str, str]) -> int:
+    """How many of a run's `threads` its CPU time should show busy all along: every one when
+    OpenMP's waiting threads spin (its default), one when they sleep (`OMP_WAIT_POLICY=PASSIVE`,
+    `worker_env`): the serial parts of a small model's step then leave the others idle, and
+    `timing_flags` asks only that the main thread was not starved."""
+    return 1 if env.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else threads
 
 
 def timing_flags(

@@ -18,12 +18,14 @@ it again, so a page never shows a number silently out of date.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chess_results  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -95,23 +97,27 @@ def demo_seeds(records: dict) -> str:
 
 
 # ------------------------------------------------------------------ against TRL
-def trl_comparison(name: str) -> Callable[[dict], str]:
-    """A `bench/time_to_accuracy.py` record: both libraries' medians and the time ratio."""
+def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]:
+    """A `bench/time_to_accuracy.py` record: both libraries' medians and the time ratio;
+    `figure` names what the record's "accuracy" holds (chess: the held-out greedy reward,
+    shown with three decimals rather than as a percentage)."""
+    shown = percent if figure == "accuracy" else (lambda x: f"{x:.3f}")
+    each = (lambda x: f"{100 * x:.1f}") if figure == "accuracy" else (lambda x: f"{x:.3f}")
 
     def render(records: dict) -> str:
         record = records[name]
         summary = record["results"]["summary"]
-        rows = ["| library | steps | s/step | training time | final held-out accuracy, median "
-                "(per seed) | time to TRL's final accuracy | peak RSS |",
+        rows = [f"| library | steps | s/step | training time | final held-out {figure}, median "
+                f"(per seed) | time to TRL's final {figure} | peak RSS |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
         for lib in ("grpo", "trl"):
             s = summary[lib]
-            finals = ", ".join(f"{100 * a:.1f}" for a in s["finals"])
+            finals = ", ".join(each(a) for a in s["finals"])
             reach = s.get("time_to_trl_final")
             reach = "never" if reach in (None, float("inf")) else f"{reach:.0f} s"
             label = "grpo" if lib == "grpo" else "TRL"
             rows.append(f"| {label} | {s['steps']} | {s['seconds_per_step']:.3f} s | "
-                        f"{s['seconds']:.0f} s | {percent(s['final_accuracy'])} ({finals}) | "
+                        f"{s['seconds']:.0f} s | {shown(s['final_accuracy'])} ({finals}) | "
                         f"{reach} | {s['peak_rss_gib']:.2f} GiB |")  # fmt: skip
         ratio = summary.get("ratio_to_trl_run")
         grpo, trl = summary["grpo"], summary["trl"]
@@ -119,9 +125,9 @@ def trl_comparison(name: str) -> Callable[[dict], str]:
                 f"step, at {grpo['peak_rss_gib'] / trl['peak_rss_gib']:.2f}x its peak memory."]
         if ratio is None:
             text.append("TRL ended no higher than it started, so there is no time to its final "
-                        "accuracy to compare.")  # fmt: skip
+                        f"{figure} to compare.")  # fmt: skip
         else:
-            text.append(f"grpo reaches TRL's final accuracy in {ratio:.2f}x TRL's whole training "
+            text.append(f"grpo reaches TRL's final {figure} in {ratio:.2f}x TRL's whole training "
                         "time.")  # fmt: skip
         flagged = [f for lib in ("grpo", "trl") for f in summary[lib].get("flagged", [])]
         if flagged:
@@ -219,6 +225,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "smollm2-math": word_problems("smollm2_math"),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
     "gpu-check": gpu_check,
+    **{f"chess-{name}": functools.partial(render, source=source)
+       for name, render in chess_results.RENDERERS.items()},
+    "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
 }
 
 

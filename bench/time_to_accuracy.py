@@ -7,12 +7,17 @@
     python bench/time_to_accuracy.py --workload smollm2 --seeds 1 --eval-every 8
     python bench/time_to_accuracy.py --workload smollm2 --libraries trl --trl-steps 20 \
         --eval-every 10 --grpo-run runs/smollm2_math   # grpo's curve from a `grpo train` run
+    python bench/time_to_accuracy.py --workload chess --eval-every 100 --record chess_vs_trl
+
+The chess workload compares held-out greedy reward rather than accuracy (the task has
+none): "accuracy" below then means that reward. `--record NAME` writes the records and
+the summary as bench/results/NAME.json (`bench/records.py`), for `bench/render_results.py`.
 
 `--steps` sets both libraries' schedule (`schedule.num_steps`; default: the
 demo's); `--grpo-steps` and `--trl-steps` set one library's, so each can run
 the schedule it would be given for the same wall-time budget.
 
-Every run is a fresh subprocess (`bench/accuracy_workers.py`), alternating
+Every run is a fresh subprocess (`bench/accuracy_workers.py`, with `common.worker_env`), alternating
 grpo, TRL, grpo, TRL, ... so that both see the same machine state. Each run
 records held-out greedy accuracy on the 500 held-out problems every
 `--eval-every` steps, against the training wall time so far (evaluations
@@ -31,7 +36,8 @@ Each record also holds the machine's 1-minute load average just before the run
 (`load_before`), the run's CPU time over its training spans (`cpu_seconds` of
 the last point) and its torch threads; the table flags a run whose load
 average exceeded half the cores or whose CPU time fell under 0.8 x wall x
-threads (`common.timing_flags`): its timing shared the machine.
+threads (`common.timing_flags`; one thread where waiting threads sleep,
+`common.busy_threads`): its timing shared the machine.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accuracy_workers import ACCURACY, EXTRA  # noqa: E402
-from common import load_average, timing_flags  # noqa: E402
+from accuracy_workers import EXTRA, headline  # noqa: E402
+from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
+from records import TRAINING_PATH, write_record  # noqa: E402
+from train_seeds import config_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "accuracy_workers.py"
@@ -61,6 +69,9 @@ WORKLOADS = {  # name -> overrides (of configs/demo.yaml, or of the config=FILE 
     # word problems on SmolLM2-135M-Instruct (`grpo fetch smollm2` first): accuracy is the
     # greedy accuracy pooled over both held-out splits; each split's is recorded too
     "smollm2": ["config=configs/smollm2_math.yaml"],
+    # seed 001's chess on the shipped chess-tiny model (beta 0.1, temperature 0.5, top_p 0.9):
+    # compared on held-out greedy reward
+    "chess": ["config=configs/chess.yaml"],
 }
 
 
@@ -78,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a `grpo train` run directory of the same workload (one per seed): "
                         "its evaluations are grpo's record, and no grpo run is started")
     parser.add_argument("--json", help="write every record and the summary here")
+    parser.add_argument("--record", metavar="NAME",
+                        help="also write them as the result record bench/results/NAME.json")
     parser.add_argument("--png", help="write the accuracy-against-seconds plot here")
     return parser.parse_args(argv)
 
@@ -86,11 +99,13 @@ def run(library: str, seed: int, args: argparse.Namespace, overrides: list[str])
     load = load_average()
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, str(WORKER), library, str(seed), str(args.eval_every), out]
-        done = subprocess.run(command + overrides, capture_output=True, text=True, cwd=REPO)
+        done = subprocess.run(command + overrides, capture_output=True, text=True, cwd=REPO,
+                              env=worker_env())  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{library} seed {seed} failed:\n{done.stderr[-3000:]}")
     record = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**record, "load_before": load, "cores": os.cpu_count()}
+    busy = busy_threads(record["threads"], worker_env())
+    return {**record, "load_before": load, "cores": os.cpu_count(), "busy_threads": busy}
 
 
 def record_of_run(run_dir: str) -> dict:
@@ -102,8 +117,9 @@ def record_of_run(run_dir: str) -> dict:
 
     steps, evaluations = read(Path(run_dir))
     config = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    key = headline(config.get("task", {}).get("name", "arithmetic"))
     points = [
-        {"step": e["step"], "seconds": e["seconds"], "accuracy": e[ACCURACY],
+        {"step": e["step"], "seconds": e["seconds"], "accuracy": e[key],
          "sampling_seconds": e["sampling_seconds"],
          **{k.split("/", 1)[1]: e[k] for k in EXTRA if k in e}}
         for e in evaluations
@@ -119,7 +135,8 @@ def run_flags(record: dict) -> list[str]:
     if "load_before" not in record or "cpu_seconds" not in last:
         return []
     return timing_flags(
-        record["load_before"], last["cpu_seconds"], last["seconds"], record["threads"],
+        record["load_before"], last["cpu_seconds"], last["seconds"],
+        record.get("busy_threads", record["threads"]),
         record["cores"],
     )  # fmt: skip
 
@@ -247,6 +264,19 @@ def plot(records: list[dict], summary: dict, path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def record_depends_on(overrides: list[str]) -> list[str]:
+    """The files a comparison's numbers flow through: both workers, the workload's config and
+    task module, the shipped model it names, and grpo's training path."""
+    from grpo.run.config_files import load_config
+
+    path = "configs/demo.yaml"
+    if overrides and overrides[0].startswith("config="):
+        path = overrides[0].split("=", 1)[1]
+    config = load_config(str(REPO / path), [o for o in overrides if not o.startswith("config=")])
+    ours = ["bench/time_to_accuracy.py", "bench/accuracy_workers.py", path]
+    return [*ours, *config_files(config), *TRAINING_PATH]
+
+
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
     try:
@@ -279,10 +309,13 @@ def main(argv: list[str] | None = None) -> dict:
     summary = summarise(records)
     print(table(summary))
     machine = f"{platform.machine()}, {cpu_name()}, {os.cpu_count()} cores"
+    results = {"workload": args.workload, "overrides": overrides, "per_library": own,
+               "machine": machine, "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"],
+               "records": records, "summary": summary}  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"workload": args.workload, "overrides": overrides, "per_library": own, "machine": machine,
-             "records": records, "summary": summary}, indent=1))  # fmt: skip
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    if args.record:
+        write_record(args.record, results, record_depends_on(overrides))
     if args.png:
         plot(records, summary, args.png, f"{args.workload} workload: grpo and TRL 1.16")
     return summary

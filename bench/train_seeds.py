@@ -11,10 +11,12 @@ second measurement never resumes or collides with the first), exactly as `grpo t
 time and peak RSS (the child's own, from `os.wait4`), the load average just before it and the
 timing flags of `common.timing_flags` (a run that shared the machine), the training seconds
 (the sum of `time/step`: sampling, rewards, loss, backward, optimizer) and the median step,
-every held-out evaluation (those made during the run, and with `--evaluate-steps` those of its
+the training metrics of `TRAINING_KEYS` (`training_summary`: their mean over the run, its
+first and its last tenth), every held-out evaluation (those made during the run, and with `--evaluate-steps` those of its
 checkpoints made afterwards by `bench/evaluate_checkpoints.py`, off the clock) and the
 before/after table `grpo train` printed last. The record is bench/results/NAME.json
-(`bench/records.py`); `bench/render_results.py` renders it into the pages.
+(`bench/records.py`); `bench/render_results.py` renders it into the pages. Each process runs
+with `common.worker_env` (OpenMP threads that sleep while they wait).
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_average, timing_flags  # noqa: E402
+from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
 from records import REPO, TRAINING_PATH, write_record  # noqa: E402
 
 EVALUATIONS = "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py's output
+TRAINING_KEYS = (  # the step metrics a record summarises (docs/metrics.md)
+    "reward/mean", "reward/zero_std_frac", "loss/policy", "loss/kl", "loss/kl_share", "kl/mean",
+    "entropy/mean", "completion/length_mean",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +69,7 @@ def run_seed(config: str, seed: int, run_dir: Path, overrides: list[str], thread
     load = load_average()
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+                            text=True, env=worker_env())  # fmt: skip
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -82,13 +88,29 @@ def run_seed(config: str, seed: int, run_dir: Path, overrides: list[str], thread
         "cpu_seconds": round(cpu, 1),
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
         "load_before": round(load, 2),
-        "flags": timing_flags(load, cpu, wall, threads),
+        "flags": timing_flags(load, cpu, wall, busy_threads(threads, worker_env())),
         "steps": len(step_times),
         "training_seconds": round(sum(step_times), 1),
         "median_step_seconds": round(statistics.median(step_times), 3) if step_times else None,
+        "training": training_summary(steps),
         "evaluations": _evaluations(steps),
         "end_of_output": lines[table_start:],
     }
+
+
+def training_summary(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """For each of `TRAINING_KEYS` the step rows log: its mean over every step ("all"), over
+    the first tenth of them ("first") and over the last tenth ("last"), at least one step
+    each."""
+    steps = [row for row in rows if "time/step" in row]
+    tenth = max(1, len(steps) // 10)
+    summary = {}
+    for key in TRAINING_KEYS:
+        values = [row[key] for row in steps if key in row]
+        if values:
+            summary[key] = {name: round(statistics.fmean(part), 6) for name, part in
+                            (("all", values), ("first", values[:tenth]), ("last", values[-tenth:]))}  # fmt: skip
+    return summary
 
 
 def _shown(path: Path) -> str:
@@ -160,7 +182,8 @@ def main(argv: list[str] | None = None) -> Path:
         runs.append(run)
     depends = [args.config, *config_files(config), *TRAINING_PATH, *args.depends_on]
     results = {"config": args.config, "overrides": args.overrides,
-               "evaluate_overrides": args.evaluate_set, "runs": runs}  # fmt: skip
+               "evaluate_overrides": args.evaluate_set,
+               "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"], "runs": runs}  # fmt: skip
     folder = {} if args.results is None else {"folder": args.results}
     path = write_record(args.name, results, depends, argv=["bench/train_seeds.py", *argv], **folder)
     print(f"record: {path}")

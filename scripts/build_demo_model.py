@@ -53,13 +53,19 @@ MODEL = dict(
 
 def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
     """A one-character-per-token tokenizer that prepends <bos> and decodes without spaces."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()  # join characters back without separators
     corpus = [
         row["prompt"] + row["answer"] for row in generate_dataset(2000, seed=seed, config=TASK)
     ]
     corpus.append("0123456789+-*=")  # every symbol the task can produce, whatever the sample
+    return word_level_tokenizer(".", corpus, MODEL["max_position_embeddings"])
+
+
+def word_level_tokenizer(pieces: str, corpus: list[str], max_length: int) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer whose tokens are the matches of the regex `pieces`, trained on
+    `corpus`: <pad>/<bos>/<eos>/<unk>, <bos> prepended, decoding joins the pieces unchanged."""
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(pieces), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()  # join the pieces back without separators
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1)
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     bos = tokenizer.token_to_id("<bos>")
@@ -73,28 +79,31 @@ def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
         pad_token="<pad>",
         unk_token="<unk>",
         padding_side="left",
-        model_max_length=MODEL["max_position_embeddings"],
+        model_max_length=max_length,
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A randomly initialised small Llama with the tokenizer's special ids."""
+def build_model(tokenizer: PreTrainedTokenizerFast, shape: dict = MODEL) -> LlamaForCausalLM:
+    """A randomly initialised small Llama of `shape` with the tokenizer's special ids."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL,
+        **shape,
     )
     return LlamaForCausalLM(config)
 
 
-def sft_batch(tokenizer, rows: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-    """Right-padded `<bos> prompt answer <eos>`; labels only on `answer <eos>`."""
+def sft_batch(
+    tokenizer, rows: list[dict[str, str]], answer: str = "answer"
+) -> dict[str, torch.Tensor]:
+    """Right-padded `<bos> prompt answer <eos>`; labels only on `answer <eos>` (the column
+    `answer` of each row)."""
     ids, labels = [], []
     for row in rows:
         prompt = tokenizer(row["prompt"])["input_ids"]  # starts with <bos>
-        target = tokenizer(row["answer"], add_special_tokens=False)["input_ids"]
+        target = tokenizer(row[answer], add_special_tokens=False)["input_ids"]
         target = target + [tokenizer.eos_token_id]
         ids.append(prompt + target)
         labels.append([-100] * len(prompt) + target)
@@ -163,10 +172,6 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = build_tokenizer(args.seed)
     model = build_model(tokenizer)
     log = train(model, tokenizer, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tokenizer.save_pretrained(args.out)
-    _portable_tokenizer_class(args.out / "tokenizer_config.json")
     info = {
         "task": {k: v for k, v in vars(TASK).items()},
         "model": {"class": "LlamaForCausalLM", "parameters": model.num_parameters(), **MODEL},
@@ -179,8 +184,17 @@ def main(argv: list[str] | None = None) -> None:
         "build_seconds": round(time.time() - start, 1),
         "torch": torch.__version__,
     }
-    (args.out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(f"saved {args.out} ({model.num_parameters()} parameters)")
+    save(model, tokenizer, args.out, info)
+
+
+def save(model, tokenizer, out: Path, info: dict) -> None:
+    """The model (safetensors), its tokenizer and `info` as build_info.json in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out / "tokenizer_config.json")
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"saved {out} ({model.num_parameters()} parameters)")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def _chess(config: RunConfig) -> TaskParts:
     from grpo.tasks import chess
 
     t = config.task
-    extra_names = ("min_plies", "max_plies", "prompt")
+    extra_names = ("min_plies", "max_plies", "prompt", "supervised_fraction")
     if "piece" in t.options:
         raise ConfigError("task.options.piece: set by task.options.prompt (grpo.tasks.chess)")
     settings, extra = _options(chess.ChessRewardConfig, t.options, extra_names)

@@ -109,8 +109,9 @@ class TaskConfig:
     """Seed of the built-in task's dataset draws (the held-out split never depends on it)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Task settings: ArithmeticConfig fields (arithmetic); ChessRewardConfig fields (piece
-    aside: the prompt sets it) plus min_plies/max_plies and prompt, a name in
-    grpo.tasks.chess.PROMPTS (chess); GuessNumberConfig fields plus max_turns (guess_number);
+    aside: the prompt sets it) plus min_plies/max_plies, prompt, a name in
+    grpo.tasks.chess.PROMPTS, and supervised_fraction, the share of positions (by FEN hash)
+    kept out of training for a supervised warm start (chess); GuessNumberConfig fields plus max_turns (guess_number);
     WordProblemsConfig fields plus answer_check and format_weight (word_problems); or anything
     a custom task factory reads."""
     train_file: str | None = None

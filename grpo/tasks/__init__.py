@@ -12,11 +12,18 @@ __all__ = ["clustered_standard_error", "draw_distinct", "hash_split"]
 _HASH_BUCKETS = 10_000
 
 
-def hash_split(text: str, held_out_fraction: float) -> str:
-    """ "held_out" or "train": a stable hash of the text decides, never a seed, so no seed can
-    put a held-out item into training."""
+def hash_split(text: str, held_out_fraction: float, supervised_fraction: float = 0.0) -> str:
+    """ "held_out", "supervised" or "train": a stable hash of the text decides, never a seed, so
+    no seed can put a held-out item into training. The first `held_out_fraction` of the hash
+    range is held out, the next `supervised_fraction` kept for a supervised warm start (so
+    that reinforcement learning never trains on what the warm start was taught), the rest is
+    "train"."""
     bucket = zlib.crc32(text.encode("utf-8")) % _HASH_BUCKETS
-    return "held_out" if bucket < held_out_fraction * _HASH_BUCKETS else "train"
+    if bucket < held_out_fraction * _HASH_BUCKETS:
+        return "held_out"
+    if bucket < (held_out_fraction + supervised_fraction) * _HASH_BUCKETS:
+        return "supervised"
+    return "train"
 
 
 def draw_distinct(

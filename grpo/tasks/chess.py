@@ -25,9 +25,9 @@ chat model read through its chat template: a system instruction saying what
 to write (``"instruction"``), optionally followed by one worked example: the
 initial position and its 20 moves (``"example"``), or a rook endgame and its 16
 moves (``"endgame_example"``), a list that is rarely legal anywhere else, so that
-copying the example does not pay (``docs/chess.md``: with the initial position
-GRPO learns to copy its list into every position). ``"pieces_example"`` also tells
-each position piece by piece (`piece_list`) so that from-squares can be copied
+copying the example does not pay (``docs/experiments/2026-11-chess-smollm2.md``:
+with the initial position GRPO learns to copy its list into every position).
+``"pieces_example"`` also tells each position piece by piece (`piece_list`) so that from-squares can be copied
 from the prompt, ``"pawns_example"`` asks for the shorter list of the pawns'
 moves alone and ``"king_example"`` for the king's (`PROMPT_PIECE`): every reward
 and metric then counts only that kind of piece's moves as legal;
@@ -37,13 +37,18 @@ of every move asked for.
 Positions come from random legal play from the initial position with a seeded
 RNG (a uniform number of plies in [min_plies, max_plies]); games that end
 early are discarded. As in `grpo.tasks.arithmetic`, train and held-out
-positions are separated by a stable hash of the FEN, not by the seed.
+positions are separated by a stable hash of the FEN, not by the seed; with
+``supervised_fraction`` a third hash range, the split ``"supervised"``, holds the
+positions a model is taught from by supervised learning (the shipped chess model,
+`scripts/build_chess_model.py`), and the ``"train"`` split for GRPO no longer
+contains them.
 
 Departures from seed 001: seed 001 used an existing reward function it did not
 define; the formula above is this library's, chosen so that an empty or
 made-up list never beats listing a few true moves. Seed 001's model had
-learnt the ``M:`` format before GRPO; the chat prompts let a general chat
-model be asked for it instead.
+learnt the ``M:`` format before GRPO, as the shipped chess model
+(``grpo/assets/chess-tiny``) has; the chat prompts let a general chat model be
+asked for it instead.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ __all__ = [
     "wellformed_share",
 ]
 
-SPLITS = ("train", "held_out")
+SPLITS = ("train", "held_out", "supervised")
 _MOVE_LINE = re.compile(r"M:((?:[ \t]+\S+)+)[ \t]*")
 _UCI = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
 
@@ -234,9 +239,12 @@ def make_reward(config: ChessRewardConfig | None = None) -> Callable[..., list[f
 reward = make_reward()
 
 
-def position_split(fen: str, held_out_fraction: float = 0.1) -> str:
-    """``"held_out"`` or ``"train"``: a stable hash of the FEN decides, not a seed."""
-    return hash_split(fen, held_out_fraction)
+def position_split(
+    fen: str, held_out_fraction: float = 0.1, supervised_fraction: float = 0.0
+) -> str:
+    """``"held_out"``, ``"supervised"`` or ``"train"``: a stable hash of the FEN decides, not a
+    seed (`grpo.tasks.hash_split`)."""
+    return hash_split(fen, held_out_fraction, supervised_fraction)
 
 
 def _random_position(rng: random.Random, plies: int) -> str | None:
@@ -261,18 +269,27 @@ def generate_dataset(
     min_plies: int = 1,
     max_plies: int = 40,
     held_out_fraction: float = 0.1,
+    supervised_fraction: float = 0.0,
     prompt: str = "fen",
 ) -> list[dict[str, Any]]:
-    """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}``, the same for the same
-    seed; `prompt` names the prompt's form in `PROMPTS`. For a prompt asking for one kind of
-    piece's moves (`PROMPT_PIECE`), `legal_moves` holds that kind's and positions where it
-    has none are skipped."""
+    """`num_positions` distinct rows ``{"prompt", "fen", "legal_moves"}`` of `split` ("train",
+    "held_out" or "supervised": `position_split`), the same for the same seed; `prompt` names
+    the prompt's form in `PROMPTS`. For a prompt asking for one kind of piece's moves
+    (`PROMPT_PIECE`), `legal_moves` holds that kind's and positions where it has none are
+    skipped."""
     if prompt not in PROMPTS:
         raise ValueError(f"prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not isinstance(num_positions, int) or num_positions < 0:
         raise ValueError(f"num_positions must be a non-negative integer, got {num_positions!r}")
+    if not (supervised_fraction >= 0 and held_out_fraction + supervised_fraction < 1):
+        raise ValueError(
+            "need supervised_fraction >= 0 and held_out_fraction + supervised_fraction < 1, got "
+            f"{supervised_fraction!r} and {held_out_fraction!r}"
+        )
+    if split == "supervised" and not supervised_fraction:
+        raise ValueError("split 'supervised' needs supervised_fraction > 0, got 0")
     if not 0 <= min_plies <= max_plies:
         raise ValueError(f"need 0 <= min_plies <= max_plies, got {min_plies} and {max_plies}")
     piece = PROMPT_PIECE.get(prompt)
@@ -280,7 +297,7 @@ def generate_dataset(
     fens = draw_distinct(
         num_positions,
         lambda: _random_position(rng, rng.randint(min_plies, max_plies)),
-        lambda fen: position_split(fen, held_out_fraction) == split
+        lambda fen: position_split(fen, held_out_fraction, supervised_fraction) == split
         and (piece is None or bool(legal_moves(fen, piece))),
         shortfall=lambda found: (
             f"num_positions={num_positions} distinct {split!r} positions could not be drawn "

@@ -87,6 +87,28 @@ def test_trl_scales_rewards_as_grpo_scales_advantages(scale, tmp_path):
         accuracy_workers.trl_config(config, 0, tmp_path)
 
 
+def test_trl_gets_the_chess_configs_kl_loss_and_sampling(tmp_path):
+    """configs/chess.yaml maps to TRL's beta 0.1 with the plain k3 KL (no importance weight on
+    it), its per-sequence loss ("grpo"), temperature 0.5, top-p 0.9 and G 4; the demo's to beta
+    0 and the token mean ("dapo"); a denominator or KL estimator TRL lacks is refused."""
+    import accuracy_workers
+
+    chess = accuracy_workers.run_config(["config=configs/chess.yaml"], 0, str(tmp_path))
+    trl = accuracy_workers.trl_config(chess, 0, tmp_path)
+    assert (trl.beta, trl.use_bias_correction_kl, trl.loss_type) == (0.1, False, "grpo")
+    assert (trl.temperature, trl.top_p, trl.num_generations) == (0.5, 0.9, 4)
+    assert trl.learning_rate == chess.schedule.learning_rate
+    assert accuracy_workers.headline(chess.task.name) == "eval/greedy/reward_mean"
+    demo = accuracy_workers.trl_config(accuracy_workers.run_config([], 0, str(tmp_path)), 0, tmp_path)
+    assert (demo.beta, demo.loss_type) == (0.0, "dapo")
+    chess.grpo.kl_estimator = "k2"
+    with pytest.raises(ValueError, match="kl_estimator='k2'"):
+        accuracy_workers.trl_config(chess, 0, tmp_path)
+    chess.grpo.kl_estimator, chess.grpo.aggregation = "k3", "sequence_sum"
+    with pytest.raises(ValueError, match="aggregation='sequence_sum'"):
+        accuracy_workers.trl_config(chess, 0, tmp_path)
+
+
 def test_summary_ratio_and_overhead_follow_the_records():
     """s/step is the median, the ratio divides medians, the overhead compares time per decoding
     step (fewer tokens in as many decoding steps cost the same)."""

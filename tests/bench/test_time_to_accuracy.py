@@ -123,3 +123,22 @@ def test_both_libraries_run_with_their_own_schedules(tmp_path):
         assert 0 < last["sampling_seconds"] < last["seconds"] and record["peak_rss_gib"] > 0.1
     assert isinstance(summary["trl"]["flagged"], list)
     assert (tmp_path / "tta.png").stat().st_size > 10_000
+
+
+def test_a_run_whose_threads_sleep_is_flagged_only_when_its_main_thread_starved(monkeypatch):
+    """With OMP_WAIT_POLICY=PASSIVE (the harness's default) one busy thread is expected: 1.7 CPU
+    seconds over 2 s of wall on 2 threads is clean, 1.5 is flagged; spinning threads are held
+    to both threads; the harness's environment keeps a policy the user set."""
+    from common import busy_threads, worker_env
+
+    assert busy_threads(2, {"OMP_WAIT_POLICY": "PASSIVE"}) == 1 and busy_threads(2, {}) == 2
+    record = _record("grpo", [(0, 0.0, 0.3), (10, 2.0, 0.6)])
+    record.update(load_before=0.1, cores=2, threads=2, busy_threads=1)
+    record["points"][-1]["cpu_seconds"] = 1.7
+    assert tta.run_flags(record) == []
+    record["points"][-1]["cpu_seconds"] = 1.5
+    assert tta.run_flags(record) == ["CPU 0.75 x wall x 1 threads"]
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert worker_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert worker_env()["OMP_WAIT_POLICY"] == "ACTIVE"

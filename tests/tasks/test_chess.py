@@ -30,6 +30,7 @@ from grpo.tasks.chess import (  # noqa: E402
     own_square_share,
     parse_move_list,
     piece_list,
+    position_split,
     reach_share,
     reward,
     score_completion,
@@ -89,6 +90,32 @@ def test_dataset_is_seeded_and_splits_are_disjoint():
         assert row["prompt"] == f"FEN: {row['fen']}\n"
         assert set(row["legal_moves"].split()) == legal_moves(row["fen"])
     assert len({r["fen"] for r in first}) == 12
+
+
+def test_supervised_positions_are_apart_from_train_and_held_out():
+    """With supervised_fraction, "supervised" rows lie in their own hash range and the "train"
+    split no longer holds any of them; held-out rows are the same with or without it."""
+    from grpo.tasks import hash_split
+
+    # crc32 % 10000 of "a7", "b3", "e4": 102, 4924, 5880; held out below 1000, supervised
+    # below 1000 + 4500, train above; without a supervised share, "b3" trains
+    assert [hash_split(t, 0.1, 0.45) for t in ("a7", "b3", "e4")] == [
+        "held_out", "supervised", "train"
+    ]  # fmt: skip
+    assert hash_split("b3", 0.1) == "train" and hash_split("e4", 0.1, 0.49) == "supervised"
+    kept = dict(seed=5, max_plies=12, supervised_fraction=0.45)
+    supervised = generate_dataset(30, split="supervised", **kept)
+    train = generate_dataset(30, split="train", **kept)
+    assert {position_split(r["fen"], 0.1, 0.45) for r in supervised} == {"supervised"}
+    assert {position_split(r["fen"], 0.1, 0.45) for r in train} == {"train"}
+    assert not {r["fen"] for r in supervised} & {r["fen"] for r in train}
+    held = generate_dataset(10, split="held_out", seed=0, max_plies=12)
+    assert held == generate_dataset(10, split="held_out", seed=0, max_plies=12,
+                                    supervised_fraction=0.45)  # fmt: skip
+    with pytest.raises(ValueError, match="split 'supervised' needs supervised_fraction > 0"):
+        generate_dataset(3, split="supervised", seed=0)
+    with pytest.raises(ValueError, match="held_out_fraction \\+ supervised_fraction < 1"):
+        generate_dataset(3, seed=0, supervised_fraction=0.9)
 
 
 def test_evaluate_oracle_and_garbage():

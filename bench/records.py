@@ -121,7 +121,7 @@ def write_record(name: str, results: dict, depends_on: list[str], argv: list[str
     argv = sys.argv if argv is None else argv
     script = Path(argv[0]) if Path(argv[0]).is_absolute() else (REPO / argv[0]).resolve()
     shown = script.relative_to(REPO).as_posix() if script.is_relative_to(REPO) else argv[0]
-    dirty = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    dirty = _git("diff", "--name-only", "HEAD").splitlines()
     record = {
         "name": name,
         "command": shlex.join(["python", shown, *argv[1:]]),

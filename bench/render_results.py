@@ -12,7 +12,8 @@ A page holds a block as
 Every block ends with where its numbers come from: the command, commit, date and machine of
 each record it reads. A record whose source files changed since its measurement
 (`records.stale`) is rendered with a warning that names them and the command that measures
-it again, so a page never shows a number silently out of date.
+it again, so a page never shows a number silently out of date. A block whose record does not
+exist yet says so, naming the record, instead of showing a number.
 """
 
 from __future__ import annotations
@@ -295,6 +296,26 @@ def pages() -> list[Path]:
     return found
 
 
+class MissingRecord(KeyError):
+    """A block reads a record that bench/results/ does not hold."""
+
+
+class Records(dict):
+    """The records by name; reading an absent one raises `MissingRecord`."""
+
+    def __missing__(self, name: str) -> dict:
+        raise MissingRecord(name)
+
+
+def render_block(name: str, records: dict) -> str:
+    """Block `name` rendered from `records`, or a line saying which record is not measured yet."""
+    try:
+        return RENDERERS[name](Records(records)).rstrip()
+    except MissingRecord as missing:
+        return (f"*Not measured yet: this table is rendered from the record "
+                f"`bench/results/{missing.args[0]}.json`, which does not exist yet.*")
+
+
 def render_page(text: str, records: dict) -> str:
     """`text` with every block rendered from `records`; an unknown block name is an error."""
 
@@ -302,7 +323,7 @@ def render_page(text: str, records: dict) -> str:
         name = match["name"]
         if name not in RENDERERS:
             raise KeyError(f"block {name!r}: no renderer; known: {sorted(RENDERERS)}")
-        return f"{match[1]}{RENDERERS[name](records).rstrip()}\n{match[4]}"
+        return f"{match[1]}{render_block(name, records)}\n{match[4]}"
 
     return BLOCK.sub(fill, text)
 

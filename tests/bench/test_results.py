@@ -125,3 +125,12 @@ def test_the_figure_check_can_fail():
     text = ("It ends at 89.4 % in 76 s.\n```\n12 s\n```\n"
             "<!-- results:demo-seeds -->\n50 %\n<!-- /results:demo-seeds -->\n")  # fmt: skip
     assert hand_typed_figures(text) == ["89.4 %", "76 s"]
+
+
+def test_a_block_whose_record_is_missing_says_so_and_shows_no_number():
+    """A page never shows a figure without its record: an absent record renders as a line
+    naming the file that would hold it."""
+    text = "<!-- results:demo-seeds -->\nold 99.9 %\n<!-- /results:demo-seeds -->\n"
+    rendered = render_results.render_page(text, {})
+    assert "bench/results/demo.json" in rendered and "does not exist yet" in rendered
+    assert "99.9" not in rendered

@@ -199,6 +199,60 @@ def word_problems(name: str) -> Callable[[dict], str]:
     return render
 
 
+# ------------------------------------------------------------------ the README's summary
+def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
+    """The start (the same for every seed) and each seed's end of a `train_seeds.py` record."""
+    evaluations = [sorted(run.get("checkpoint_evaluations") or run["evaluations"],
+                          key=lambda e: e["step"]) for run in record["results"]["runs"]]  # fmt: skip
+    finals = [e[-1][key] for e in evaluations]
+    ends = shown(finals[0]) if len(finals) == 1 else f"{shown(min(finals))} to {shown(max(finals))}"
+    seeds = "1 seed" if len(finals) == 1 else f"{len(finals)} seeds"
+    return f"{shown(evaluations[0][0][key])} -> {ends} ({seeds}, {evaluations[0][-1]['step']} steps)"
+
+
+def _vs_trl(record: dict) -> str:
+    s = record["results"]["summary"]
+    step = s["grpo"]["seconds_per_step"] / s["trl"]["seconds_per_step"]
+    ratio = s.get("ratio_to_trl_run")
+    reach = ("TRL ended no higher than it started" if ratio is None else
+             f"grpo reaches TRL's final figure in {ratio:.2f}x TRL's training time")  # fmt: skip
+    return f"a grpo step takes {step:.2f}x a TRL step; {reach}"
+
+
+def _gpu_summary(record: dict) -> str:
+    parts = record["results"]["parts"].values()
+    counts = {k: sum(p["status"] == k for p in parts) for k in ("ok", "failed", "skipped")}
+    return f"{counts['ok']} parts ran, {counts['failed']} failed, {counts['skipped']} skipped"
+
+
+SUMMARY = [  # (what, record, how its figure is read, the page that explains it)
+    ("`make demo`: held-out greedy accuracy", "demo",
+     lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/demo.md"),
+    ("the demo against TRL 1.16, same settings", "demo_vs_trl", _vs_trl, "docs/results.md"),
+    ("SmolLM2-135M-Instruct, word problems: held-out greedy accuracy, all splits", "smollm2_math",
+     lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/word_problems.md"),
+    ("word problems against TRL 1.16", "smollm2_vs_trl", _vs_trl, "docs/results.md"),
+    ("the chess-move model: held-out greedy reward", "chess",
+     lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}"), "docs/chess.md"),
+    ("`bench/gpu_check.py` on a GPU", "gpu_check", _gpu_summary, "docs/gpu.md"),
+]  # fmt: skip
+
+
+def summary(records: dict) -> str:
+    """One row a headline record: its figure, or that it has not been measured yet."""
+    rows = ["| result | measured | when, where | more |", "|---|---|---|---|"]
+    for what, name, figure, page in SUMMARY:
+        record = records.get(name)
+        if record is None:
+            rows.append(f"| {what} | not measured yet | - | [{page}]({page}) |")
+            continue
+        stale_mark = " (**stale**)" if stale(record) else ""
+        where = f"{record['date'][:10]}, {machine_line(record)}, commit {record['commit'][:7]}"
+        rows.append(f"| {what} | {figure(record)}{stale_mark} | {where} | [{page}]({page}) |")
+    return "\n".join(rows) + ("\n\nEach row's command is on its page; **stale** marks a record "
+                              "whose source files changed since it was measured.")
+
+
 # ------------------------------------------------------------------ the GPU check
 def gpu_check(records: dict) -> str:
     """Every part of `bench/gpu_check.py`'s record: its status, speed, memory and notes."""
@@ -284,6 +338,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
     "features": features,
+    "summary": summary,
 }
 
 

@@ -68,6 +68,15 @@ def _accuracy_by_step(run: dict, key: str = "eval/greedy/accuracy") -> dict[int,
     return {e["step"]: e[key] for e in run.get("checkpoint_evaluations", run["evaluations"])}
 
 
+def timing_note(runs: list[dict]) -> str:
+    """The runs whose timing `common.timing_flags` flagged (the machine was not quiet), or ""."""
+    flagged = [f"seed {run['seed']} ({'; '.join(run['flags'])})" for run in runs if run.get("flags")]
+    if not flagged:
+        return ""
+    return (" Timing flagged, where the machine was not quiet before or during the run (the "
+            "1-minute load average still counts the run before it): " + ", ".join(flagged) + ".")
+
+
 def demo_output(records: dict) -> str:
     """The end of seed 0's output: what `make demo` prints last."""
     record = records["demo"]
@@ -94,6 +103,7 @@ def demo_seeds(records: dict) -> str:
     notes = (f"Final accuracy over {len(runs)} seeds: {spread}. `training` is the sum of the "
              "steps' times (sampling, reward, loss, backward, optimizer); `whole run` is the "
              "process from start to exit (loading, evaluations, checkpoints, the final save).")
+    notes += timing_note(runs)
     return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
 
 
@@ -194,6 +204,7 @@ def word_problems(name: str) -> Callable[[dict], str]:
                  f"share an equation are not independent): {noise}. Training time is the sum "
                  f"of the steps' times; the whole processes peaked at {peak:.2f} GiB. "
                  f"{len(last)} seeds.")  # fmt: skip
+        notes += timing_note(runs)
         return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
 
     return render

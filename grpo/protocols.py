@@ -12,7 +12,7 @@ A policy that offers only `get_log_probabilities` is treated as T = 1.
 Everything else the trainer and the run loop use when an object has it is
 declared here too, in `PolicyHooks` and `RewardHooks`, and read through
 `hook(obj, name)`: one place lists every optional member, with its meaning
-(docs/your_own_model.md shows each in use).
+(docs/custom_policy.md, "Optional hooks", shows each in use).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def verdict(record: dict) -> str:
     else:
         said = f"the smallest gain does not exceed the spread of the final rewards ({spread:.3f})"
     return (f"Held-out greedy reward changes by {_spread(gains)} over {len(gains)} seeds: {said}. "
-            f"Seed 001's run changed its model's reward by {SEED_001_END - SEED_001_START:+.3f} "
+            f"The chess loop's run changed its model's reward by {SEED_001_END - SEED_001_START:+.3f} "
             f"({SEED_001_START} -> {SEED_001_END}).")  # fmt: skip
 
 
@@ -131,7 +131,7 @@ def sweep(records: dict, source: Callable[..., str]) -> str:
     """Beta 1, 0.3, 0.1 and 0 at equal steps: the change in held-out reward and the KL's share."""
     rows = ["| beta | steps | greedy reward change: mean (per seed) | sampled reward change | "
             "greedy precision change | greedy coverage change | KL share of the loss (last "
-            "tenth) | sampled KL to the start | seed 001: reward change, KL share |",
+            "tenth) | sampled KL to the start | the chess loop: reward change, KL share |",
             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     used = []
     for name, beta in SWEEP:
@@ -151,7 +151,7 @@ def sweep(records: dict, source: Callable[..., str]) -> str:
             f"({100 * statistics.fmean(s['last'] for s in share):.1f} %) | {kl:.3f} | {theirs} |"
         )  # fmt: skip
     note = ("Each beta trains the same seeds from the same model for the same steps; changes are "
-            "held-out after minus before. Seed 001's figures are its own model's after one "
+            "held-out after minus before. The chess loop's figures are its own model's after one "
             "update with its own reward function, quoted from its report.")  # fmt: skip
     return "\n".join(rows) + "\n\n" + note + "\n\n" + source(*used)
 
@@ -164,9 +164,9 @@ def summary(records: dict, source: Callable[..., str]) -> str:
     before = statistics.fmean(first[key] for first, _ in ends)
     finals = [last[key] for _, last in ends]
     verb = "raises" if min(finals) > before else "lowers" if max(finals) < before else "moves"
-    return (f"GRPO at seed 001's settings {verb} the shipped chess model's held-out greedy reward "
+    return (f"GRPO at the chess loop's settings {verb} the shipped chess model's held-out greedy reward "
             f"from {before:.3f} to {min(finals):.3f}-{max(finals):.3f} ({len(finals)} seeds, "
-            f"{ends[0][1]['step']} steps), where seed 001's own run fell from {SEED_001_START} to "
+            f"{ends[0][1]['step']} steps), where the chess loop's own run fell from {SEED_001_START} to "
             f"{SEED_001_END}.\n\n" + source(record))  # fmt: skip
 
 

@@ -69,7 +69,7 @@ WORKLOADS = {  # name -> overrides (of configs/demo.yaml, or of the config=FILE 
     # word problems on SmolLM2-135M-Instruct (`grpo fetch smollm2` first): accuracy is the
     # greedy accuracy pooled over both held-out splits; each split's is recorded too
     "smollm2": ["config=configs/smollm2_math.yaml"],
-    # seed 001's chess on the shipped chess-tiny model (beta 0.1, temperature 0.5, top_p 0.9):
+    # the chess loop's task on the shipped chess-tiny model (beta 0.1, temperature 0.5, top_p 0.9):
     # compared on held-out greedy reward
     "chess": ["config=configs/chess.yaml"],
 }

@@ -37,7 +37,7 @@ class BanditPolicy(nn.Module):
     def forward(self, states: list[Tensor]) -> Tensor:
         return self.linear(torch.stack(states))  # (N, A) logits
 
-    # --- PolicyModel (seed 004) -------------------------------------------
+    # --- PolicyModel (the framework API) -------------------------------------------
     def generate_actions(
         self, states: list[Tensor], num_actions_per_state: int, **kwargs: Any
     ) -> list[list[int]]:

@@ -3,7 +3,7 @@
 Two ways in:
 - text models: `TextTrainer(model, rewards, train_dataset, ...).train()` runs what
   `grpo train CONFIG.yaml` runs, on your own prompts and reward functions;
-- any model (seed 004's API): bring a `PolicyModel` and a `RewardModel`
+- any model (the framework API): bring a `PolicyModel` and a `RewardModel`
   (duck-typed, see `grpo.protocols`), build a `GRPOTrainer`, call `train_step`.
 
 Names are resolved lazily so that `import grpo` stays cheap: torch and

@@ -1,4 +1,4 @@
-"""Seed 004's import path for `AdvantageEstimator`, which lives in `grpo.step.advantages`."""
+"""The framework API's import path for `AdvantageEstimator`, which lives in `grpo.step.advantages`."""
 
 from grpo.step.advantages import AdvantageEstimator
 

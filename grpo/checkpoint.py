@@ -1,4 +1,4 @@
-"""Atomic, pickle-free checkpoints of a training run (seed 004 section 4.7).
+"""Atomic, pickle-free checkpoints of a training run (the framework API).
 
 A checkpoint is one `torch.save` file holding only tensors and plain Python
 values (dicts, lists, numbers, strings), so it loads with

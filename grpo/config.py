@@ -1,8 +1,8 @@
 """`GRPOConfig`: every hyper-parameter of `GRPOTrainer`, in one validated dataclass.
 
-The first nine fields and their defaults are seed 004's. The rest select the
+The first nine fields and their defaults are the framework API's. The rest select the
 variants of `grpo.functional` (loss, aggregation, KL estimator, advantage
-baseline and scale) and fix the semantics seed 004 leaves open:
+baseline and scale) and fix the semantics the framework API leaves open:
 
 - `batch_size` is the number of *samples* (state-action pairs) per mini-batch,
   not states. Mini-batches are drawn from the N = B * G samples of a rollout
@@ -13,9 +13,9 @@ baseline and scale) and fix the semantics seed 004 leaves open:
   accumulation window, so for per-sample-mean losses an accumulated step equals
   one step on the concatenated window.
 - `normalize_advantages=True` divides by the *group* standard deviation (the
-  GRPO paper's choice). Seed 004's text describes scaling across the whole
+  GRPO paper's choice). The framework API's text describes scaling across the whole
   batch; that is `advantage_scale="batch"`.
-- `ref_update_frequency` defaults to 0 (a fixed reference), not seed 004's 1:
+- `ref_update_frequency` defaults to 0 (a fixed reference), not the framework API's 1:
   a reference copied every step equals π_old, and the KL term regularises nothing.
 """
 
@@ -35,7 +35,7 @@ __all__ = ["GRPOConfig", "check_on_policy"]
 
 @dataclass
 class GRPOConfig:
-    """Hyper-parameters of one GRPO run (seed 004 section 4.2, plus variants)."""
+    """Hyper-parameters of one GRPO run (the framework API's fields, plus variants)."""
 
     group_size: int = 4
     """G: actions sampled per state. At least 2, or no action has a competitor."""
@@ -58,7 +58,7 @@ class GRPOConfig:
     """Divide advantages by a standard deviation (see `advantage_scale`)."""
     ref_update_frequency: int = 0
     """Copy the policy into the reference every this many steps; 0 = never (a fixed reference,
-    the GRPO paper's and seed 001's choice; seed 004's default was 1). Every step (1) makes the
+    the GRPO paper's and the chess loop's choice; the framework API's default was 1). Every step (1) makes the
     reference the policy that sampled the step, so with one optimizer step per rollout the KL
     term is exactly 0 (a warning says so)."""
 

@@ -1,4 +1,4 @@
-"""Seed 004's import path for `ExperienceCollector`, which lives in `grpo.step.collect`."""
+"""The framework API's import path for `ExperienceCollector`, which lives in `grpo.step.collect`."""
 
 from grpo.step.collect import ExperienceCollector
 

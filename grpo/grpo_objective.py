@@ -1,4 +1,4 @@
-"""Seed 004's import path for `GRPOObjective`, which lives in `grpo.step.objective`."""
+"""The framework API's import path for `GRPOObjective`, which lives in `grpo.step.objective`."""
 
 from grpo.step.objective import GRPOObjective
 

@@ -1,18 +1,18 @@
-"""The contracts a user's models satisfy (seed 004, "Base Interfaces").
+"""The contracts a user's models satisfy (the framework API, "Base Interfaces").
 
 Policies and reward models are duck-typed: any object with the methods below
 works, no inheritance needed. `validate_policy_model` / `validate_reward_model`
 check an object up front and raise a `TypeError` that lists what is missing,
-in seed 004's format.
+in the framework API's format.
 
-Beyond seed 004, a policy may offer token-level log-probabilities
+Beyond the framework API, a policy may offer token-level log-probabilities
 (`TokenLevelPolicy`); the objective then uses token-level losses and masks.
 A policy that offers only `get_log_probabilities` is treated as T = 1.
 
 Everything else the trainer and the run loop use when an object has it is
 declared here too, in `PolicyHooks` and `RewardHooks`, and read through
 `hook(obj, name)`: one place lists every optional member, with its meaning
-(docs/your_own_model.md shows each in use).
+(docs/custom_policy.md, "Optional hooks", shows each in use).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - `Rollout` is the trainer's own record of a step's samples: flat, one entry
   per sample, rewards and log-probs as tensors, so nothing is converted
   between lists and tensors on the way from rewards to the loss.
-- `ExperienceBatch` is seed 004's public record (lists grouped per state);
+- `ExperienceBatch` is the framework API's public record (lists grouped per state);
   it is built only where the public API returns one
   (`ExperienceCollector.collect_experiences`).
 
@@ -77,7 +77,7 @@ class Rollout(NamedTuple):
         )
 
     def to_experience_batch(self, group_size: int, token_level: bool = True) -> ExperienceBatch:
-        """Seed 004's grouped record of these samples (B = N / group_size states);
+        """The framework API's grouped record of these samples (B = N / group_size states);
         `token_level` False (a per-action policy) leaves out the (N, 1) per-token fields."""
         G = group_size
         B = self.num_samples // G
@@ -96,7 +96,7 @@ class Rollout(NamedTuple):
 
 
 class ExperienceBatch(NamedTuple):
-    """One rollout in seed 004's layout: B states, G actions each, state-major."""
+    """One rollout in the framework API's layout: B states, G actions each, state-major."""
 
     states: list[Any]  # (B,)
     action_groups: list[list[Any]]  # (B, G)

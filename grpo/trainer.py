@@ -1,4 +1,4 @@
-"""Seed 004's import path for `GRPOTrainer`, which lives in `grpo.step.trainer`."""
+"""The framework API's import path for `GRPOTrainer`, which lives in `grpo.step.trainer`."""
 
 from grpo.step.trainer import GRPOTrainer
 

@@ -11,7 +11,7 @@
 4. Supervised training on ``FEN: <fen>\\n`` -> ``M: <every legal move, sorted><eos>``
    (cross-entropy on the answer only), stopped early on purpose: the model writes the format
    and lists many legal moves, but misses some and invents others, so GRPO has room to
-   improve it (the task's reward on held-out positions about 0.3-0.6; seed 001's model
+   improve it (the task's reward on held-out positions about 0.3-0.6; the chess loop's model
    started at 0.468).
 5. Save model (safetensors) and tokenizer with `save_pretrained`, plus `build_info.json`
    recording how they were made and the held-out reward, precision and coverage.

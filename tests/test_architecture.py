@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"step"},
     {"run"},
     {"cli"},
-    # seed 004's import paths and the package's own front door
+    # the framework API's import paths and the package's own front door
     {"__init__", "__main__", "experience_collector", "advantage_estimator", "grpo_objective",
      "trainer"},
 ]  # fmt: skip

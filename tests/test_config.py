@@ -1,4 +1,4 @@
-"""GRPOConfig: seed 004's defaults, documented fields, validation that names the field."""
+"""GRPOConfig: the framework API's defaults, documented fields, validation that names the field."""
 
 import ast
 import dataclasses
@@ -11,12 +11,12 @@ from grpo.config import GRPOConfig
 
 
 def test_seed_004_defaults():
-    """The fields of seed 004 section 4.2 have its defaults, but for a fixed reference."""
+    """The framework API's fields have their defaults, but for a fixed reference."""
     c = GRPOConfig()
     assert (c.group_size, c.batch_size, c.num_epochs_per_update) == (4, 64, 4)
     assert (c.clip_epsilon, c.kl_coeff, c.entropy_coeff) == (0.2, 0.04, 0.01)
     assert (c.max_grad_norm, c.normalize_advantages) == (1.0, True)
-    assert c.ref_update_frequency == 0  # seed 004's 1 makes the KL term exactly 0 (see below)
+    assert c.ref_update_frequency == 0  # the framework API's 1 makes the KL term exactly 0 (see below)
     assert c.advantage_scale == "group"
 
 

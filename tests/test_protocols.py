@@ -1,4 +1,4 @@
-"""Protocol checks: duck-typed models pass, incomplete ones fail in seed 004's format."""
+"""Protocol checks: duck-typed models pass, incomplete ones fail in the framework API's format."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import grpo
 from grpo.protocols import validate_policy_model, validate_reward_model
 
 
-class IncompletePolicy:  # seed 004, "Runtime Validation"
+class IncompletePolicy:  # the framework API, "Runtime Validation"
     def generate_actions(self, states, num_actions_per_state, **kwargs):
         return [[f"action_{i}"] for _ in states for i in range(num_actions_per_state)]
 
@@ -24,7 +24,7 @@ SEED_004_MESSAGE = (
 
 
 def test_trainer_rejects_incomplete_policy_with_seed_message():
-    """GRPOTrainer raises TypeError whose text is seed 004's three lines exactly."""
+    """GRPOTrainer raises TypeError whose text is the framework API's three lines exactly."""
     with pytest.raises(TypeError) as err:
         grpo.GRPOTrainer(policy_model=IncompletePolicy(), reward_model=best_arm_reward(4, 3))
     assert str(err.value) == SEED_004_MESSAGE

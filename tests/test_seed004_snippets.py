@@ -1,4 +1,4 @@
-"""Every usage snippet of seed 004, run as written with a concrete policy and reward model."""
+"""Every usage snippet of the framework API, run as written with a concrete policy and reward model."""
 
 import copy
 
@@ -23,7 +23,7 @@ def bandit_models():
 def test_experience_collector_snippet():
     """Section 1.5: collect_experiences on prompts gives B groups of 8 scored actions."""
     policy_model, reward_model = TablePolicy(16, 4), best_arm_reward(16, 4)
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     from grpo.experience_collector import ExperienceCollector
 
@@ -47,7 +47,7 @@ def test_advantage_estimator_snippet():
     batch = ExperienceCollector(TablePolicy(4, 2), best_arm_reward(4, 2), 8).collect_experiences(
         [0, 1, 2, 3]
     )
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     from grpo.advantage_estimator import AdvantageEstimator
 
@@ -73,7 +73,7 @@ def test_grpo_objective_snippet():
     ).collect_experiences([0, 1, 2, 3])
     advantages = AdvantageEstimator().compute_advantages(experience_batch)
     optimizer = torch.optim.SGD([current_policy.logits], lr=0.1)
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     from grpo.grpo_objective import GRPOObjective
 
@@ -103,7 +103,7 @@ def test_basic_training_loop_snippet(bandit_models, tmp_path, monkeypatch, capsy
     def get_training_states():
         return train_states[:16]
 
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     from torch.optim import Adam
 
@@ -139,7 +139,7 @@ def test_custom_scheduler_and_validation_snippet(bandit_models, capsys):
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
     trainer = grpo.GRPOTrainer(policy, reward_model, optimizer, grpo.GRPOConfig(group_size=4))
     num_training_steps = 2
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     # Custom learning rate scheduling
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)
@@ -171,7 +171,7 @@ def test_checkpoint_snippet(bandit_models, tmp_path, monkeypatch):
     policy, reward_model, train_states, _ = bandit_models
     trainer = grpo.GRPOTrainer(policy, reward_model)
     current_loss = trainer.train_step(train_states[:8])["step_loss"]
-    # --- seed 004 ---
+    # --- the framework API ---
     # fmt: off
     # Save checkpoint
     trainer.save_checkpoint("model_checkpoint.pt", best_loss=current_loss)
@@ -188,9 +188,9 @@ def test_checkpoint_snippet(bandit_models, tmp_path, monkeypatch):
 
 
 def test_model_validation_snippets(bandit_models, capsys):
-    """'Model Validation': complete models construct; IncompletePolicy prints seed 004's lines."""
+    """'Model Validation': complete models construct; IncompletePolicy prints the framework API's lines."""
     your_policy, your_reward_model, _, _ = bandit_models
-    # --- seed 004: automatic validation ---
+    # --- the framework API: automatic validation ---
     # fmt: off
     trainer = grpo.GRPOTrainer(
         policy_model=your_policy,
@@ -199,7 +199,7 @@ def test_model_validation_snippets(bandit_models, capsys):
     # fmt: on
     assert trainer.policy is your_policy
 
-    # --- seed 004: runtime validation ---
+    # --- the framework API: runtime validation ---
     # fmt: off
     class IncompletePolicy:
         def generate_actions(self, states, num_actions_per_state, **kwargs):

@@ -99,7 +99,7 @@ def test_train_with_solutions_improves_and_stubs_name_part_1():
 
 
 def test_scratch_checks_accept_the_seed_forms_and_catch_a_missing_shift(capsys):
-    """scratch.py's checks pass seed 003's one-liners, reject an unshifted get_logprobs."""
+    """scratch.py's checks pass picoRL's one-liners, reject an unshifted get_logprobs."""
     scratch = importlib.import_module("workshop.scratch")
 
     def unshifted(logits, ids):

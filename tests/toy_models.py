@@ -1,7 +1,7 @@
 """Small concrete policies and reward models for the framework tests.
 
 - `TablePolicy`: a plain class (not an nn.Module) with a (S, A) logits table,
-  one log-prob per action: the minimal seed 004 contract.
+  one log-prob per action: the framework API's minimal contract.
 - `SequencePolicy`: an nn.Module whose actions are token sequences ending in
   EOS (token 0); it implements `get_token_log_probabilities` with exact entropy.
 - `FunctionReward`: a reward model around a plain `fn(state, action) -> float`.

@@ -1,6 +1,6 @@
 """The workshop checker: the library's own tests, run against a participant's functions.
 
-Seed 003 plans a workshop where participants write the pieces of GRPO that
+picoRL plans a workshop where participants write the pieces of GRPO that
 matter and the library supplies the rest. Each part names the participant's
 functions and the library functions they stand in for. `check` runs, in a
 fresh Python process, the library's own tests for those parts with the

@@ -3,7 +3,7 @@
     python workshop/scratch.py            # run the checks of every function written so far
     python workshop/scratch.py --answers  # the answers to the checkpoint questions
 
-This is the bottom layer of seed 003's workshop: the simplest form of each
+This is the bottom layer of picoRL's workshop: the simplest form of each
 idea, no abstractions, every line explicit. Fill in the functions marked
 YOUR CODE from the top; each has an inline check against a tiny model or a
 hand-computed value, and checkpoint questions to answer before looking at the
@@ -88,7 +88,7 @@ def check_compute_advantages(fn=None) -> None:
 
 
 def grpo_loss(logprobs: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor):
-    """Seed 003's loss: -(advantage * sum of the masked log-probs).mean(): (B, T), (B, T), (B,) -> ().
+    """picoRL's loss: -(advantage * sum of the masked log-probs).mean(): (B, T), (B, T), (B,) -> ().
 
     YOUR CODE: mask (mask is bool), sum over T, weight by the advantage, mean, negate.
     """
@@ -140,7 +140,7 @@ def check_assistant_mask(fn=None) -> None:
     ]
     ids, mask = fn(tokenizer, chat)
     marked = tokenizer.convert_ids_to_tokens([i for i, m in zip(ids, mask, strict=True) if m])
-    # this is seed 003's plain version: the role header of each turn is marked too
+    # this is picoRL's plain version: the role header of each turn is marked too
     assert marked == ["<|assistant|>", "blue", "<|end|>", "<|assistant|>", "red", "<|end|>"]
     assert ids == tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)
 

@@ -16,7 +16,7 @@ nothing is downloaded. Every piece of the loop is yours:
     group_advantages (part 2) compares each episode with its group
     reinforce + an aggregation (part 3) turn them into the loss
 
-The loop is seed 003's: sample in eval mode, advantages, one gradient step.
+The loop is picoRL's: sample in eval mode, advantages, one gradient step.
 With a stub still raising NotImplementedError, the script says which part to
 write first and stops before training.
 """

@@ -7,7 +7,7 @@
   window; it learns to tell real windows from the pre-trained generator's
   fills, then stays frozen as the GRPO reward.
 
-Both supervised loops use the training extras of seed 002: warm-up + cosine
+Both supervised loops use the training extras of the fill-in plan: warm-up + cosine
 learning rate, gradient clipping, and the run's precision (`policy.precision`:
 fp32, bf16-mixed, or fp16-mixed with a gradient scaler).
 """

@@ -1,4 +1,4 @@
-"""GRPO for a one-step character fill-in model rewarded by a frozen judge (seed 002).
+"""GRPO for a one-step character fill-in model rewarded by a frozen judge (the fill-in plan).
 
     grpo train examples/fill_in.yaml          # about 2 minutes on 2 CPU cores
 
@@ -15,7 +15,7 @@ examples/fill_in/task.py:build`). It prepares everything the GRPO run needs:
 `grpo train` then runs GRPO with warm-up + cosine learning rate, gradient
 clipping, periodic evaluation with samples, and checkpoints.
 
-Departures from seed 002: the loss, advantages and KL are those of
+Departures from the fill-in plan: the loss, advantages and KL are those of
 `GRPOTrainer` (token-level clipped surrogate with a k3 KL penalty) rather than
 the plan's REINFORCE with a sequence-level KL; log-probs use the sampling
 temperature. Every phase, GRPO included, computes in `policy.precision`

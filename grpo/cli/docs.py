@@ -31,6 +31,8 @@ file is stale). A config is YAML; every key is optional. Values merge in this
 order, later winning: the defaults below, the `preset`'s values, the file,
 then `--set key=value` on the command line. Unknown keys, wrong types and
 contradictory values are rejected before any model loads, with the key named.
+A description that names the chess loop, picoRL or the framework API means one
+of [the designs `grpo` comes from](architecture.md#where-the-design-came-from).
 
 ```bash
 grpo train configs/demo.yaml --set grpo.kl_coeff=0.02 --set run.dir=runs/kl02

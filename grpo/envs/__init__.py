@@ -1,4 +1,4 @@
-"""Environments and multi-turn rollouts (seed 003): `Env`, `BatchedEnv`, `collect_rollouts`.
+"""Environments and multi-turn rollouts (picoRL): `Env`, `BatchedEnv`, `collect_rollouts`.
 
 Assistant-token masks for the loss come from `grpo.envs.chat_mask`.
 """

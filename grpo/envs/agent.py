@@ -11,7 +11,7 @@
 - `EpisodeReward` is the matching reward model: an episode's total reward.
 
 How an episode is scored, by name in `EPISODE_SCORERS`:
-- ``"turns"`` (default; a departure from seed 003, which re-tokenises the whole
+- ``"turns"`` (default; a departure from picoRL, which re-tokenises the whole
   conversation once): each assistant turn is scored as its own (prompt,
   completion) pair, the prompt being the conversation before the turn encoded
   exactly as the agent encoded it when sampling and the completion the sampled
@@ -19,7 +19,7 @@ How an episode is scored, by name in `EPISODE_SCORERS`:
   every token is scored under the very context it was sampled in, even where a
   chat template's end-of-turn token differs from the model's EOS. The policy's
   own scoring (temperature, EOS masking, micro-batches, entropy) is reused.
-- ``"conversation"`` (seed 003): one forward pass over the whole conversation
+- ``"conversation"`` (picoRL): one forward pass over the whole conversation
   (`grpo.envs.scoring`), mask = assistant tokens, sampled ids spliced in when
   known. Cheaper; exact when each turn's prompt is a prefix of the final
   conversation, and the only choice for episodes without sampled ids. No entropy.

@@ -1,4 +1,4 @@
-"""The environment contract for multi-turn rollouts (seed 003, "Environment API").
+"""The environment contract for multi-turn rollouts (picoRL, "Environment API").
 
 An environment owns the state of one episode and has three methods:
 
@@ -9,12 +9,12 @@ An environment owns the state of one episode and has three methods:
   the observation is a string, a list of messages or None (nothing to show);
 - ``reward() -> float``: the episode's reward so far.
 
-Rewards are kept apart from `step` (seed 003's choice, for clarity). The
+Rewards are kept apart from `step` (picoRL's choice, for clarity). The
 rollout loop calls `reward()` after every step and records the increments, so
 an environment may shape rewards turn by turn or pay only at the end; the
 increments always sum to the final `reward()`.
 
-`EpisodeRollout` is seed 003's record of one finished episode, with two
+`EpisodeRollout` is picoRL's record of one finished episode, with two
 additions: `action_token_ids` (the sampled token ids of each assistant turn,
 when the agent reports them, for token-in/token-out training) and `truncated`
 (the turn limit ended the episode, not the environment).

@@ -1,9 +1,9 @@
-"""Many episodes at once (seed 003's `BatchedEnv`).
+"""Many episodes at once (picoRL's `BatchedEnv`).
 
 `BatchedEnv` holds N environments and their conversations. Each turn the
 rollout loop asks it which episodes are still running (`active`), has the
 agent answer only those, and hands the answers back to `step`; finished
-episodes are never generated for again. Departures from seed 003:
+episodes are never generated for again. Departures from picoRL:
 - no auto-reset: an episode runs once, then `rollouts()` returns the records;
 - `step` can take a parser (`grpo.rewards.parsers`): when parsing fails the
   environment is not stepped, the parser's reward is booked for the turn and its

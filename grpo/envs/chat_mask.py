@@ -1,6 +1,6 @@
 """Assistant-token masks for multi-turn conversations, by incremental tokenisation.
 
-The loss of a multi-turn episode counts the assistant's tokens only. Seed 003
+The loss of a multi-turn episode counts the assistant's tokens only. picoRL
 finds them by encoding ``messages[:1]``, ``messages[:2]``, ... with the chat
 template and marking where each assistant message adds tokens. That is only
 right when the template is *append-only*: rendering a longer conversation
@@ -11,7 +11,7 @@ mask onto the wrong tokens.
 
 This module checks that property at every step and raises
 `ChatTemplateError` naming the message whose rendering changed earlier tokens,
-so a misaligned mask is never returned. Departures from seed 003:
+so a misaligned mask is never returned. Departures from picoRL:
 - an assistant message's span starts after the template's generation prompt
   (``add_generation_prompt=True``), so role headers the model never sampled are
   not counted; the span ends where the template ends the message (end-of-turn

@@ -1,6 +1,6 @@
-"""The multi-turn loop: `collect_rollouts` (seed 003's interaction protocol).
+"""The multi-turn loop: `collect_rollouts` (picoRL's interaction protocol).
 
-Three owners, as in seed 003 (after Ludic's InteractionProtocol):
+Three owners, as in picoRL (after Ludic's InteractionProtocol):
 - the loop (`collect_rollouts`) owns turn taking: who is still playing, when to stop;
 - the agent owns inference (and, through an optional parser, parsing);
 - the environment owns the episode's state and its reward.

@@ -1,9 +1,9 @@
-"""Whole-conversation log-probs of the assistant tokens (seed 003's multi-turn loss input).
+"""Whole-conversation log-probs of the assistant tokens (picoRL's multi-turn loss input).
 
 One forward pass per conversation: the input is the whole tokenised
 conversation (`grpo.envs.chat_mask`), the log-prob of token t + 1 comes from
 the logits at t (`grpo.functional.completion_logprobs`), and the mask is the
-assistant mask shifted by one, as seed 003 notes (``mask[1:]``, not ``mask[:-1]``).
+assistant mask shifted by one, as picoRL notes (``mask[1:]``, not ``mask[:-1]``).
 With a large vocabulary the output layer is folded into the log-softmax
 (`grpo.lm.folding`, as in `grpo.lm.scoring`), so no (N, L, V) logits exist.
 

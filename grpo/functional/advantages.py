@@ -1,15 +1,15 @@
 """Group-relative advantages: one scalar per sample from the rewards of its group.
 
 Follows GRPO (DeepSeekMath, Shao et al. 2024): A = (r - mean(group)) / std(group),
-in seed 001's form `(r - mean) / (std + 1e-4)` with the unbiased sample std
+in the chess loop's form `(r - mean) / (std + 1e-4)` with the unbiased sample std
 (what `torch.std` returns). Variants, each a small function in a table:
 
 - baselines (`BASELINES`): "mean" (GRPO), "leave_one_out" (RLOO, Ahmadian et
   al. 2024: the mean of the other G - 1 rewards), "none" (plain REINFORCE);
-- scales (`SCALES`): "group" (per-group sample std + eps, GRPO / seed 001),
+- scales (`SCALES`): "group" (per-group sample std + eps, GRPO / the chess loop),
   "batch" (std of all rewards in the batch + eps), "none" (Dr. GRPO, Liu et
   al. 2025, drops the std because it reweights easy and hard prompts);
-- `positive_only` clamps negative advantages to 0 (seed 003, Ludic's option).
+- `positive_only` clamps negative advantages to 0 (picoRL, Ludic's option).
 
 Departures: a group whose rewards are all equal gets exactly 0 with the
 group-relative baselines (the centred value is zero in exact arithmetic; in
@@ -56,7 +56,7 @@ _GROUP_RELATIVE = ("mean", "leave_one_out")
 
 
 def _group_scale(grouped: Tensor, eps: float) -> Tensor:
-    return grouped.std(dim=1, keepdim=True) + eps  # (B, 1) unbiased sample std, seed 001
+    return grouped.std(dim=1, keepdim=True) + eps  # (B, 1) unbiased sample std, the chess loop
 
 
 def _batch_scale(grouped: Tensor, eps: float) -> Tensor:
@@ -111,7 +111,7 @@ def group_advantages(
     """Advantages (N,) from rewards (N,) in groups of `group_size` consecutive samples.
 
     A_n = (r_n - baseline_n) / scale_n, then clamped at 0 if `positive_only`.
-    With the defaults this is seed 001's formula exactly:
+    With the defaults this is the chess loop's formula exactly:
     (r - mean(group)) / (std(group, unbiased) + 1e-4).
     Example: rewards [0, 1, 2, 3], G = 4: mean 1.5, std sqrt(5/3) = 1.290994...,
     A = [-1.5, -0.5, 0.5, 1.5] / 1.291094... = [-1.161805, -0.387268, 0.387268, 1.161805].

@@ -19,7 +19,7 @@ over a ~ π, β·E_π[∇θ k(a)]:
     k3: E_π[(1 - π_ref/π) ∇ log π(a)]
         = -Σ_a π_ref(a) ∇ log π(a)       = ∇ KL(π_ref‖π)
 
-So k1 in the loss does nothing in expectation (seed 001's "KL fix"
+So k1 in the loss does nothing in expectation (the chess loop's "KL fix"
 `(logp - ref_logp).mean()` is this form), k2 pulls towards π_ref along the
 reverse KL, and k3 along the forward KL. To penalise with k1 correctly, subtract
 β·k1 from the reward instead (the reward-side KL penalty of PPO-RLHF), where

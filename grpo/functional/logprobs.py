@@ -1,10 +1,10 @@
 """Token log-probabilities and entropies from logits, without a full fp32 copy.
 
-Follows seed 003 ("Stolen: `selective_log_softmax`", "The Causal LM Shift")
-and seed 001 (`logits[L-1:-1]` aligned with `targets[L:]`).
+Follows picoRL ("Stolen: `selective_log_softmax`", "The Causal LM Shift")
+and the chess loop (`logits[L-1:-1]` aligned with `targets[L:]`).
 
-Departures from seed 003:
-- Seed 003 computes `log_softmax` over the whole (N, T, V) tensor and gathers.
+Departures from picoRL:
+- picoRL computes `log_softmax` over the whole (N, T, V) tensor and gathers.
   Here rows are processed in chunks, each cast to fp32 on its own, using
   log p(i) = z_i - logsumexp(z). Peak extra memory is one fp32 chunk instead of
   a full fp32 (N, T, V) tensor, and bf16 logits are scored in fp32.

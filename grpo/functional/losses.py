@@ -3,9 +3,9 @@
 A loss is two choices, each a small function in a table:
 
 `POLICY_LOSSES`, the per-token loss (minimisation form, A = advantage, r = ratio):
-- "reinforce": -A · log π (seed 003: on-policy, no ratio, no clip). Its gradient
+- "reinforce": -A · log π (picoRL: on-policy, no ratio, no clip). Its gradient
   equals the clipped loss's at r = 1 (old_logprobs = logprobs.detach()).
-- "clipped": -min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), r = π/π_old (PPO; seed 004;
+- "clipped": -min(r·A, clip(r, 1-ε_low, 1+ε_high)·A), r = π/π_old (PPO; the framework API;
   decoupled ε_low/ε_high from DAPO, Yu et al. 2025).
 - "gspo": the clipped form with the sequence ratio s = exp(mean_t(log π - log π_old))
   on every token of the sequence (GSPO, Zheng et al. 2025, their token-level
@@ -15,10 +15,10 @@ A loss is two choices, each a small function in a table:
   a gradient. As in the paper there is no lower bound unless `cispo_clip_low`.
 
 `AGGREGATIONS`, how the masked (N, T) per-token values become one number:
-- "sequence_mean": mean_i [ Σ_t ℓ_it / |o_i| ]  (GRPO, Shao et al. 2024; seed 001)
+- "sequence_mean": mean_i [ Σ_t ℓ_it / |o_i| ]  (GRPO, Shao et al. 2024; the chess loop)
 - "token_mean":    Σ_it ℓ_it / Σ_i |o_i|          (BNPO; DAPO)
 - "constant_length": Σ_it ℓ_it / (N · L_max)      (Dr. GRPO, Liu et al. 2025)
-- "sequence_sum":  mean_i [ Σ_t ℓ_it ]             (seeds 002 and 003)
+- "sequence_sum":  mean_i [ Σ_t ℓ_it ]             (the fill-in plan and picoRL)
 
 Optional `importance_weights` (N, T) multiply the per-token policy loss before
 aggregation, as constants: truncated importance sampling for a sampler that is

@@ -10,7 +10,7 @@ soon as its log-softmax is taken.
     logprobs = output_layer_logprobs(hidden (..., H), weight (V, H), index (...))  # (...)
     logprobs, entropy = output_layer_logprobs_entropy(hidden, weight, index)  # one pass
 
-Follows the same maths as `grpo.functional.logprobs` (seed 003's
+Follows the same maths as `grpo.functional.logprobs` (picoRL's
 `selective_log_softmax`; log p(i) = z_i - logsumexp(z)); the chunked
 recomputation is the idea behind "cut cross-entropy" losses (Wijmans et al.
 2024), done here with plain matmuls.

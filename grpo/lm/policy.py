@@ -1,10 +1,10 @@
-"""`CausalLMPolicy`: a transformers causal LM as a GRPO policy (seed 004's `PolicyModel`).
+"""`CausalLMPolicy`: a transformers causal LM as a GRPO policy (the framework API's `PolicyModel`).
 
 States are prompt records (a dict with "prompt" plus any dataset columns, or a
 bare prompt: a str, or a list of chat messages); actions are `Completion`
 records holding the sampled token ids, so scoring never re-tokenises text.
-Sampling (seed 001: eval mode, no_grad, G contiguous copies of each prompt)
-is in `sampling.py`; scoring (seeds 001 and 003: one forward, causal shift,
+Sampling (the chess loop: eval mode, no_grad, G contiguous copies of each prompt)
+is in `sampling.py`; scoring (the chess loop and picoRL: one forward, causal shift,
 sampling temperature, EOS mask) in `scoring.py`.
 
 Choices:

@@ -1,6 +1,6 @@
 """Sampling settings and the pieces every rollout engine shares: prompts in, completions out.
 
-Follows seed 001 (sampling in eval mode under `no_grad`, the previous mode
+Follows the chess loop (sampling in eval mode under `no_grad`, the previous mode
 restored afterwards; temperature and nucleus sampling) and the usual GRPO
 layout: each prompt is repeated G times, groups contiguous (sample
 n = i * G + j), prompts left-padded so that every row's new tokens start at

@@ -1,6 +1,6 @@
 """Scoring completions with a causal LM: per-token log-probs, mask and entropy.
 
-Follows seeds 001 and 003: one forward pass over the left-padded prompt
+Follows the chess loop and picoRL: one forward pass over the left-padded prompt
 followed by the right-padded completion; the logits at position t score token
 t + 1 (the causal shift of `grpo.functional.completion_logprobs`), divided by
 the sampling temperature. Position ids count real tokens only, so a row scores

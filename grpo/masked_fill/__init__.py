@@ -1,2 +1,2 @@
 """Masked fill-in (diffusion-style) models as GRPO policies, rewarded by a frozen judge
-(seed 002)."""
+(the fill-in plan)."""

@@ -1,6 +1,6 @@
-"""A frozen judge model as the `RewardModel` of masked fill-in policies (seed 002).
+"""A frozen judge model as the `RewardModel` of masked fill-in policies (the fill-in plan).
 
-Seed 002 rewards each fill with a frozen judge network's score of the whole
+The fill-in plan rewards each fill with a frozen judge network's score of the whole
 filled sequence (`calculate_judge_scores`). `TokenJudgeReward` wraps any torch
 module mapping token ids (N, T) to one score per row, for example the
 probability that a window is real text, so that `GRPOTrainer` can use it.
@@ -9,7 +9,7 @@ The judge is frozen once, at construction: eval mode, `requires_grad=False`,
 and `train()` keeps it in eval mode, so nothing in a training loop can change
 it. Scores are computed under `torch.no_grad()` in batches of `batch_size`.
 
-Departure from seed 002: the judge scores token ids directly (the fill's
+Departure from the fill-in plan: the judge scores token ids directly (the fill's
 own vocabulary) rather than decoded text, so a character-level judge needs
 no tokenizer round trip; a text judge belongs in `grpo.rewards`.
 """

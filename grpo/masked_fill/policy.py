@@ -1,4 +1,4 @@
-"""A policy that fills every masked position of an input in one step (seed 002).
+"""A policy that fills every masked position of an input in one step (the fill-in plan).
 
 The model is bidirectional: any `transformers` `AutoModelForMaskedLM`, or a
 user's torch module mapping token ids (N, T) to logits (N, T, V). A state is
@@ -10,7 +10,7 @@ through unchanged, so they are never part of the action's probability.
 
     log π(action | state) = Σ_{t masked} log softmax(logits_t / temperature)[action_t]
 
-Departures from seed 002's plan:
+Departures from the fill-in plan:
 - Log-probabilities use the sampling temperature. The plan scores samples
   with a plain `log_softmax(logits)`, which is not the distribution they were
   drawn from whenever temperature != 1, so the importance ratio and the KL
@@ -23,7 +23,7 @@ Departures from seed 002's plan:
   one consistent distribution (the plan restricts sampling to a base
   vocabulary but scores over the full one).
 - Every pass runs the model in eval mode (`disable_dropout`, on by default),
-  the gradient pass included: seed 002 samples in eval mode but trains in
+  the gradient pass included: the fill-in plan samples in eval mode but trains in
   training mode, where dropout makes the same fill score differently on every
   pass, so the importance ratio is noise before any update (a BERT with its
   default dropout 0.1: ratio mean 0.9976, 0.63 % of tokens clipped at
@@ -294,7 +294,7 @@ class MaskedFillPolicy:
         self._check_actions(ids, attention, action_ids)
         completion_mask = ids == self.config.mask_token_id  # (N, T)
         masked = self._masked_logits(self._logits(ids, attention), completion_mask)  # (M, V)
-        temperature = self.config.temperature  # the sampling temperature (seed 002 omits it)
+        temperature = self.config.temperature  # the sampling temperature (the fill-in plan omits it)
         masked_logprobs = selective_log_softmax(
             masked, action_ids[completion_mask], temperature=temperature
         )  # (M,)

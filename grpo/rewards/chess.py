@@ -4,8 +4,8 @@ Building blocks for chess rewards: the legal moves of a position given as a
 FEN, a check that splits a list of proposed moves into legal, illegal and
 repeated ones, the squares a piece reaches with the board otherwise empty,
 and a reward callable for "play one legal move" prompts.
-Moves are in UCI notation (``e2e4``, ``e7e8q``), the notation seed 001's
-model writes. The listing task of seed 001 builds on these in
+Moves are in UCI notation (``e2e4``, ``e7e8q``), the notation the chess loop's
+model writes. The listing task of the chess loop builds on these in
 `grpo.tasks.chess`.
 """
 

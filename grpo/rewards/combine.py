@@ -1,4 +1,4 @@
-"""`TextReward`: text reward callables combined into one seed-004 `RewardModel`.
+"""`TextReward`: text reward callables combined into one `RewardModel` (the framework API's contract).
 
 The contract for a reward function is a plain callable
 
@@ -34,7 +34,7 @@ run with one message instead of holding it silently.
 Metrics of the last call (`last_metrics`): "rewards/<name>/mean" and
 "rewards/<name>/std" over the samples where <name> applies,
 "rewards/<name>/applied_frac", and "reward/positive_frac" of the combined
-reward (seed 001's "fraction of positive rewards").
+reward (the chess loop's "fraction of positive rewards").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Judge-model reward: a frozen torch module scores texts (seed 002).
+"""Judge-model reward: a frozen torch module scores texts (the fill-in plan).
 
-Seed 002 rewards a masked fill-in generator with a frozen judge classifier.
+The fill-in plan rewards a masked fill-in generator with a frozen judge classifier.
 `JudgeReward` wraps any `torch.nn.Module` and an `encode(texts) -> inputs`
 function (a tensor of token ids, or a dict of tensors passed as keyword
 arguments, e.g. a tokenizer's output). Scoring runs in batches, under
@@ -11,7 +11,7 @@ toggles every model's mode cannot unfreeze it.
 The module's output (a tensor, or an object with `.logits`) is read by one of
 the named readouts in `READOUTS`: the probability or logit of one class of a
 classifier, or a single scalar per text. It is both a text reward callable
-``judge(prompts, completions, **columns) -> list[float]`` and a seed 004
+``judge(prompts, completions, **columns) -> list[float]`` and a framework-API
 `RewardModel` (`compute_rewards(states, actions) -> (N,)`).
 """
 
@@ -134,7 +134,7 @@ class JudgeReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
         return self.score_texts(self.texts(prompts, completions)).tolist()
 
-    # -- seed 004 RewardModel ----------------------------------------------------------
+    # -- the framework API's RewardModel -------------------------------------------------------
     def compute_rewards(self, states: list[Any], actions: list[Any]) -> Tensor:
         """(N,) judge scores of aligned states and actions."""
         return self.score_texts(self.texts(states, actions))

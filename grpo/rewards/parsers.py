@@ -1,4 +1,4 @@
-"""Composable parsers: text -> (action, reward, observation), after seed 003.
+"""Composable parsers: text -> (action, reward, observation), after picoRL.
 
 A parser takes the current action (at first the raw model text) and returns a
 `ParseResult`. `compose_parsers` runs parsers in order: each sees the action
@@ -6,7 +6,7 @@ the previous one produced, rewards accumulate, and the first failure
 (`action is None`) stops the chain; its observation (for example an error
 message to show the model in a multi-turn environment) is returned.
 
-This is the pattern seed 003 takes from Ludic's parser composition. Departures:
+This is the pattern picoRL takes from Ludic's parser composition. Departures:
 - the building blocks `tag_parser`, `regex_parser` and `strip_parser` ship with it;
 - `parser_reward` turns a parser into a text reward callable
   ``reward(prompts, completions, **columns) -> list[float]`` (the library's

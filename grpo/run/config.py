@@ -178,7 +178,7 @@ class RunSettings:
     threads: int | None = None
     """torch CPU threads; null = torch's default. Part of what makes a CPU run reproducible."""
     deterministic: bool = True
-    """Seed every RNG and use deterministic algorithms (seed 001's set-up)."""
+    """Seed every RNG and use deterministic algorithms (the chess loop's set-up)."""
     save_final: bool = True
     """Save the trained model in Hugging Face format under final/."""
     max_staleness: int = 0
@@ -206,7 +206,7 @@ class RunSettings:
 
 
 TEXT_GRPO_DEFAULTS = {"num_epochs_per_update": 1, "entropy_coeff": 0.0}
-"""Where a run's `grpo` section departs from GRPOConfig's (seed 004's) defaults: one pass per
+"""Where a run's `grpo` section departs from GRPOConfig's (the framework API's) defaults: one pass per
 generation and no entropy bonus (the usual choices for language models)."""
 
 

@@ -14,7 +14,7 @@ Choices:
 - A step's metrics are the trainer's, then `policy.rollout_metrics` and
   `reward.last_metrics` where those objects keep them, then the loop's own:
   "reward/start", "reward/change" (now minus the first step's),
-  "loss/kl_share" = |KL term| / (|policy term| + |KL term|) (seed 001's "KL
+  "loss/kl_share" = |KL term| / (|policy term| + |KL term|) (the chess loop's "KL
   penalty ratio") and "lr" (the rate the step ran at).
 - An evaluation record holds flat "eval/..." numbers and "eval/samples", a
   list of dicts (prompt, completion, reward): the one non-scalar entry, which
@@ -73,7 +73,7 @@ class ScheduleConfig:
     num_steps: int = 100
     """GRPO steps (generation batches of B prompts x G completions)."""
     learning_rate: float = 1e-6
-    """Peak AdamW learning rate (seed 001 found 1e-6 for full fine-tuning)."""
+    """Peak AdamW learning rate (the chess loop found 1e-6 for full fine-tuning)."""
     lr_scheduler: str = "constant"
     """Shape after warm-up: constant, linear (decay to 0) or cosine (decay to 0)."""
     warmup_steps: int = 0

@@ -62,7 +62,7 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "reinforce": Preset(
-        "seed 003 (picoRL): on-policy REINFORCE with group-mean baselines, no ratio, no clip, "
+        "picoRL: on-policy REINFORCE with group-mean baselines, no ratio, no clip, "
         "no KL, no reference model, loss -(A * sum of log-probs) averaged over completions",
         {
             "grpo": {
@@ -76,7 +76,7 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "chess": Preset(
-        "seed 001's chess values: beta 0.1 (k3), lr 1e-6, temperature 0.5, top_p 0.9, G 4, "
+        "the chess loop's values: beta 0.1 (k3), lr 1e-6, temperature 0.5, top_p 0.9, G 4, "
         "4 prompts per step, length-normalised loss, on the chess task",
         {
             "task": {"name": "chess"},

@@ -2,7 +2,7 @@
 
 The order of a run, and why:
 1. Join torchrun's process group if there is one (only rank 0 writes files).
-2. Seed every RNG and switch on deterministic algorithms (seed 001's set-up),
+2. Seed every RNG and switch on deterministic algorithms (the chess loop's set-up),
    so that a CPU run with a seed is reproducible bit for bit.
 3. Build the task (policy, reward, states, evaluation) and the loop; every
    data row is checked here, so bad data stop the run before its folder is

@@ -1,11 +1,11 @@
-"""Group-relative advantages for an `ExperienceBatch` (seed 004 section 2).
+"""Group-relative advantages for an `ExperienceBatch` (the framework API).
 
 A thin, stateless wrapper: it flattens `reward_groups` into the sample order
 (n = i * G + j) and calls `grpo.functional.group_advantages`, which holds the
 formula. With the defaults that is the GRPO paper's
 A = (r - mean(group)) / (std(group) + eps).
 
-Departures from seed 004's text:
+Departures from the framework API's text:
 - `normalize_advantages=True` scales by each *group's* standard deviation (the
   GRPO paper and the `"group"` scale), not by the batch's. The seed's "centre
   and scale across the batch" is available as `scale="batch"` (centring across

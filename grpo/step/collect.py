@@ -1,6 +1,6 @@
-"""Rollout: B states -> N = B * G sampled actions with rewards, and log π_old (seed 004 section 1).
+"""Rollout: B states -> N = B * G sampled actions with rewards, and log π_old (the framework API).
 
-Sampling and scoring run under `torch.no_grad()` in eval mode (seed 001: no
+Sampling and scoring run under `torch.no_grad()` in eval mode (the chess loop: no
 dropout noise in the behaviour policy), the previous modes restored after.
 State-action pairs are flattened once (sample n = i * G + j is action j of
 state i) and fed to the policy and the reward model, and every model output
@@ -9,9 +9,9 @@ is checked against the shape it must have before anything downstream sees it.
 The trainer calls the two stages apart (`sample_rollout`, then
 `score_old_logprobs` only when π_old can differ from the first gradient
 pass, and only for the samples that will be trained on);
-`ExperienceCollector` is seed 004's public class doing both.
+`ExperienceCollector` is the framework API's public class doing both.
 
-Departures from seed 004:
+Departures from the framework API:
 - A policy that implements `TokenLevelPolicy` has its per-token log-probs and
   completion mask recorded; its `ExperienceBatch.log_prob_old_groups` hold
   their masked sums.

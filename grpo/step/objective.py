@@ -1,4 +1,4 @@
-"""The GRPO loss for a policy on an `ExperienceBatch` (seed 004 section 3).
+"""The GRPO loss for a policy on an `ExperienceBatch` (the framework API).
 
     L = -E[min(ρ A, clip(ρ, 1 - ε_low, 1 + ε_high) A)] + λ_KL KL(π_θ ‖ π_ref) - β_ent H(π_θ)
 
@@ -7,7 +7,7 @@ gradient), of the behaviour policy (recorded at rollout), of the reference
 policy (under `no_grad`), and the entropy. The formula, its loss variants,
 aggregations and KL estimators live in `grpo.functional.policy_loss`.
 
-Departures from seed 004:
+Departures from the framework API:
 - Token-level: a policy implementing `TokenLevelPolicy` is scored per token
   with its completion mask; any other policy is treated as one "token" per
   action (T = 1, all-True mask).

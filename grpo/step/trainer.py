@@ -1,4 +1,4 @@
-"""`GRPOTrainer`: the one training loop, for any policy and reward model (seed 004 section 4).
+"""`GRPOTrainer`: the one training loop, for any policy and reward model (the framework API).
 
 One `train_step(states)`:
 1. roll out G actions per state and score them (`grpo.step.collect`);
@@ -10,7 +10,7 @@ One `train_step(states)`:
 4. every `ref_update_frequency` steps the reference policy becomes a copy of
    the policy.
 
-Departures from seed 004:
+Departures from the framework API:
 - A step whose loss or gradient norm is not finite is skipped (gradients
   zeroed, no update), counted in `skipped_steps` and warned about.
 - The reference policy comes from the policy's own `make_reference()` when it
@@ -26,7 +26,7 @@ Departures from seed 004:
   the loss then uses the detached current log-probs, ratio 1, same gradient;
   actions from another sampler (vLLM, top-p, another precision) are weighed
   against those detached log-probs, as they would be against the pass's.
-- Mixed precision (seed 002): a `grad_scaler` (fp16) scales losses, unscales
+- Mixed precision (the fill-in plan): a `grad_scaler` (fp16) scales losses, unscales
   gradients before clipping; an overflow skips the step while the scale drops.
 """
 
@@ -81,7 +81,7 @@ class GRPOTrainer:
     ) -> None:
         """`optimizer`: an optimizer over the policy's parameters, a factory params -> optimizer,
         or None (Adam at `config.learning_rate`). `distributed_config` applies only in a
-        process group of more than one rank. `grad_scaler` (fp16 mixed precision, seed 002):
+        process group of more than one rank. `grad_scaler` (fp16 mixed precision, the fill-in plan):
         losses are scaled before backward, gradients unscaled before clipping."""
         validate_policy_model(policy_model)
         validate_reward_model(reward_model)
@@ -379,7 +379,7 @@ class GRPOTrainer:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
 
     def save_checkpoint(self, path: str, best_loss: float | None = None) -> None:
-        """Atomically save `state_dict()` to one file (seed 004 section 4.7).
+        """Atomically save `state_dict()` to one file (the framework API).
 
         Data-parallel: call on every rank; rank 0 writes full (unsharded) weights and
         optimizer state, which any number of processes can resume from.

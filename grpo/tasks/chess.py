@@ -1,7 +1,7 @@
-"""Built-in chess task (seed 001): list the legal moves of a position.
+"""Built-in chess task (the chess loop): list the legal moves of a position.
 
 The prompt shows a position as a FEN; the expected completion is one line
-``M: e2e4 d2d4 ...`` of moves in UCI notation, the output format of seed 001's
+``M: e2e4 d2d4 ...`` of moves in UCI notation, the output format of the chess loop's
 model. The reward (all values exact, see `ChessRewardConfig`):
 
     reward = distinct legal moves listed / legal moves of the position
@@ -43,9 +43,9 @@ positions a model is taught from by supervised learning (the shipped chess model
 `scripts/build_chess_model.py`), and the ``"train"`` split for GRPO no longer
 contains them.
 
-Departures from seed 001: seed 001 used an existing reward function it did not
+Departures from the chess loop: the chess loop used an existing reward function it did not
 define; the formula above is this library's, chosen so that an empty or
-made-up list never beats listing a few true moves. Seed 001's model had
+made-up list never beats listing a few true moves. The chess loop's model had
 learnt the ``M:`` format before GRPO, as the shipped chess model
 (``grpo/assets/chess-tiny``) has; the chat prompts let a general chat model be
 asked for it instead.

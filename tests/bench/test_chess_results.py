@@ -55,7 +55,7 @@ def test_changes_are_each_seeds_end_minus_its_start():
 
 def test_seeds_table_and_verdict_by_hand():
     """Before 0.400, afters 0.450/0.460/0.470, mean change +0.060; the final rewards span 0.020
-    and the smallest gain 0.050 is 2.5x that; seed 001's change is 0.421 - 0.468 = -0.047."""
+    and the smallest gain 0.050 is 2.5x that; the chess loop's change is 0.421 - 0.468 = -0.047."""
     text = chess_results.seeds(_records(), _source)
     assert "| greedy reward | 0.400 | 0.450 | 0.460 | 0.470 | +0.060 (+0.050, +0.060, +0.070) |" in text
     assert "| greedy precision (legal share of the listed moves) | 0.600 | 0.700 |" in text
@@ -82,7 +82,7 @@ def test_output_is_seed_0s_last_lines_in_a_code_block():
 
 def test_sweep_rows_by_hand():
     """One row per beta in the sweep's order, with its mean change, the KL share of the loss
-    over the run and in its last tenth, and seed 001's figures where it ran that beta."""
+    over the run and in its last tenth, and the chess loop's figures where it ran that beta."""
     text = chess_results.sweep(_records(), _source)
     rows = [line for line in text.splitlines() if line.startswith("| ") and "beta" not in line]
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 0.3", "| 0.1", "| 0"]
@@ -94,11 +94,11 @@ def test_sweep_rows_by_hand():
 
 
 def test_summary_sentence_by_hand():
-    """The before, the seeds' final range and seed 001's run in one sentence."""
+    """The before, the seeds' final range and the chess loop's run in one sentence."""
     text = chess_results.summary(_records(), _source)
-    assert text.startswith("GRPO at seed 001's settings raises the shipped chess model's held-out "
+    assert text.startswith("GRPO at the chess loop's settings raises the shipped chess model's held-out "
                            "greedy reward from 0.400 to 0.450-0.470 (3 seeds, 10 steps), where "
-                           "seed 001's own run fell from 0.468 to 0.421.")  # fmt: skip
+                           "the chess loop's own run fell from 0.468 to 0.421.")  # fmt: skip
 
 
 def test_training_summary_means_over_all_first_and_last_tenth():

@@ -1,4 +1,4 @@
-"""Tests for grpo.functional.advantages: seed 001's formula, variants, bad input."""
+"""Tests for grpo.functional.advantages: the chess loop's formula, variants, bad input."""
 
 import pytest
 import torch
@@ -35,7 +35,7 @@ def test_default_is_seed_001_formula_hand_values():
 
 
 def test_default_equals_seed_001_code():
-    """group_advantages equals seed 001's view/mean/std/repeat_interleave code on random rewards."""
+    """group_advantages equals the chess loop's view/mean/std/repeat_interleave code on random rewards."""
     rewards = torch.rand(6 * 4, generator=torch.Generator().manual_seed(0))
     grouped = rewards.view(6, 4)
     mean = grouped.mean(dim=1).repeat_interleave(4)
@@ -81,7 +81,7 @@ def test_group_scale_forgets_a_reward_weight_that_batch_scale_keeps():
 
 
 def test_positive_only_clamps_negatives():
-    """positive_only sets negative advantages to 0 and leaves positive ones (seed 003)."""
+    """positive_only sets negative advantages to 0 and leaves positive ones (picoRL)."""
     rewards = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
     _close(
         group_advantages(rewards, 4, positive_only=True),

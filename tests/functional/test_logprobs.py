@@ -92,7 +92,7 @@ def test_completion_logprobs_causal_shift_hand_values():
 
 
 def test_completion_logprobs_equals_seed_001_slice():
-    """completion_logprobs equals seed 001's log_softmax(logits[P-1:-1]).gather(targets)."""
+    """completion_logprobs equals the chess loop's log_softmax(logits[P-1:-1]).gather(targets)."""
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 7, 10, generator=gen)
     input_ids = torch.randint(0, 10, (2, 7), generator=gen)

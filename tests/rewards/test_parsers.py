@@ -1,4 +1,4 @@
-"""Tests for grpo.rewards.parsers: seed 003's parser composition."""
+"""Tests for grpo.rewards.parsers: picoRL's parser composition."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""AdvantageEstimator: seed 004's group-relative advantages, flattened state-major."""
+"""AdvantageEstimator: the framework API's group-relative advantages, flattened state-major."""
 
 import math
 
@@ -37,7 +37,7 @@ def test_normalised_is_group_mean_over_group_std():
 
 
 def test_unnormalised_is_reward_minus_group_mean():
-    """normalize_advantages=False: A_ij = r_ij - mean_i exactly (seed 004's formula)."""
+    """normalize_advantages=False: A_ij = r_ij - mean_i exactly (the framework API's formula)."""
     adv = AdvantageEstimator(normalize_advantages=False).compute_advantages(_batch(REWARDS))
     expected = [a for g in REWARDS for a in _by_hand(g, 0.0, False)]
     torch.testing.assert_close(adv, torch.tensor(expected), rtol=1e-6, atol=0)
@@ -53,7 +53,7 @@ def test_no_leakage_across_states():
 
 
 def test_batch_scale_divides_by_one_batch_std():
-    """scale='batch' (seed 004's text): group-centred, divided by the std of all rewards."""
+    """scale='batch' (the framework API's text): group-centred, divided by the std of all rewards."""
     flat = [r for g in REWARDS for r in g]
     mean = sum(flat) / len(flat)
     std = math.sqrt(sum((r - mean) ** 2 for r in flat) / (len(flat) - 1))

@@ -20,7 +20,7 @@ SEED_KEYS = [
     "advantage_mean",
     "advantage_std",
     "total_samples",
-    # seed 004's collection_time and advantage_time, as the step's phases
+    # the framework API's collection_time and advantage_time, as the step's phases
     "time/step",
     "time/sampling",
     "time/rewards",
@@ -38,7 +38,7 @@ def _equal(a, b):
 
 
 def test_metrics_cover_seed_keys_and_reward_stats():
-    """train_step returns seed 004's keys, per-epoch losses and reward stats as floats."""
+    """train_step returns the framework API's keys, per-epoch losses and reward stats as floats."""
     torch.manual_seed(0)
     counter = itertools.count()
     # state 0 always 1, state 1 always 0, state 2 all distinct: 2 of 3 groups have zero std

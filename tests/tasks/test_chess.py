@@ -1,4 +1,4 @@
-"""Tests for grpo.tasks.chess: the move-listing reward, dataset and evaluation (seed 001)."""
+"""Tests for grpo.tasks.chess: the move-listing reward, dataset and evaluation (the chess loop)."""
 
 import math
 

@@ -1,6 +1,6 @@
 """Part 3: the GRPO loss, a per-token term and the denominator that sums it up.
 
-On-policy GRPO as seed 003 teaches it: no ratio, no clip, no KL. Each token of
+On-policy GRPO as picoRL teaches it: no ratio, no clip, no KL. Each token of
 a completion gets the loss -A * log pi(token), with A its completion's
 advantage. The (N, T) token losses then become one number, and the choice of
 denominator is the whole difference between the published variants:
@@ -8,7 +8,7 @@ denominator is the whole difference between the published variants:
     sequence_mean    mean_i [ sum_t l_it / |o_i| ]   GRPO (Shao et al. 2024)
     token_mean       sum_it l_it / sum_i |o_i|        BNPO, DAPO (Yu et al. 2025)
     constant_length  sum_it l_it / (N * L_max)        Dr. GRPO (Liu et al. 2025)
-    sequence_sum     mean_i [ sum_t l_it ]            seed 003: -(A * sum logprobs).mean()
+    sequence_sum     mean_i [ sum_t l_it ]            picoRL: -(A * sum logprobs).mean()
 
 |o_i| is the number of counted tokens of completion i (completion_mask.sum(1)).
 
@@ -66,5 +66,5 @@ def constant_length(values: Tensor, completion_mask: Tensor, max_length: int) ->
 
 
 def sequence_sum(values: Tensor, completion_mask: Tensor, max_length: int) -> Tensor:
-    """Seed 003: sum over each completion's tokens, mean over completions: (N, T) -> ()."""
+    """picoRL: sum over each completion's tokens, mean over completions: (N, T) -> ()."""
     raise NotImplementedError("part 3: write sequence_sum")

@@ -1,6 +1,6 @@
 """Part 4: the rollout loop, which owns the turn taking of multi-turn episodes.
 
-Seed 003 (after Ludic's interaction protocol) gives three owners:
+picoRL (after Ludic's interaction protocol) gives three owners:
 - the environment owns the episode's state and reward (`reset`, `step`, `reward`);
 - the agent owns inference: `agent(conversations) -> texts`, one text per
   conversation, or an `AgentOutput(texts, token_ids)` that also carries the

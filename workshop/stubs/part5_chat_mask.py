@@ -2,7 +2,7 @@
 
 In a multi-turn episode the loss counts only the tokens the model sampled: the
 assistant's. Chat templates differ in how they wrap messages, so instead of
-parsing the template, seed 003 renders the conversation one message longer at
+parsing the template, picoRL renders the conversation one message longer at
 a time and looks at which tokens each message added:
 
     ids of messages[:1], messages[:2], ...   ->   message i owns the new tail

@@ -1,4 +1,4 @@
-"""Part 6: a reward parser, composed from small parsers (seed 003, after Ludic).
+"""Part 6: a reward parser, composed from small parsers (picoRL, after Ludic).
 
 A parser turns text into an action and says what that earned:
 `parser(text) -> ParseResult(action, reward, obs)`, with `action` None when

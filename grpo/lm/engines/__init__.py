@@ -3,11 +3,11 @@
     policy = CausalLMPolicy.from_pretrained(path, rollout=RolloutSettings(engine="lean"))
 
 - "transformers" (`transformers.py`, the default): the trainer's model samples with
-  `generate` (seed 001: eval mode, no_grad, the previous mode restored).
+  `generate` (the chess loop: eval mode, no_grad, the previous mode restored).
 - "lean" (`lean.py`): the trainer's model samples through a decoding loop over
   its own layers (Llama-family models), with nothing else per token.
 - "vllm" (`vllm.py`, `weights.py`): an in-process vLLM engine computing with the
-  trainer's weights (seed 003); `vllm` itself is imported only when one is built.
+  trainer's weights (picoRL); `vllm` itself is imported only when one is built.
 - "vllm_server" (`vllm_server.py`): running `vllm serve` processes over HTTP, the
   trainer's weights published to a folder they reload from (`vllm_publish.py`,
   `vllm_worker.py`); needs no vLLM in the trainer's environment.

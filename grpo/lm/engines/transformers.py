@@ -1,6 +1,6 @@
 """The default rollout engine: the trainer's own model samples with transformers' `generate`.
 
-Follows seed 001 (sampling in eval mode under `no_grad`, the previous mode
+Follows the chess loop (sampling in eval mode under `no_grad`, the previous mode
 restored afterwards). Every call samples from a fresh `GenerationConfig` built
 from `GenerationSettings` alone: `generate` fills every field a config leaves
 unset from `model.generation_config` (a checkpoint's `generation_config.json`:
@@ -64,7 +64,7 @@ class TransformersEngine:
         seed: int | None,
     ) -> Samples:
         was_training = self.model.training
-        self.model.eval()  # seed 001: no dropout noise in the behaviour policy
+        self.model.eval()  # the chess loop: no dropout noise in the behaviour policy
         device_type = next(self.model.parameters()).device.type
         try:
             with torch.no_grad(), compute_precision(self.precision, device_type):

@@ -1,4 +1,4 @@
-"""In-process vLLM rollouts that compute with the trainer's own weight tensors (seed 003).
+"""In-process vLLM rollouts that compute with the trainer's own weight tensors (picoRL).
 
 vLLM runs inside this process: single-process executor ("uni") with the
 engine core in-process, the transformers model implementation (its module

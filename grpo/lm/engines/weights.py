@@ -1,12 +1,12 @@
 """Giving an inference engine the trainer's weights: names, zero-copy sharing, copies, checks.
 
-Seed 003 shares weights between vLLM and the trainer by rebinding storage,
+picoRL shares weights between vLLM and the trainer by rebinding storage,
 `p.data = hf_p.data`, so that an optimizer step on the trainer's tensors is
 what vLLM computes with, with no copy. Everything here is plain torch over two
 `{name: tensor}` dicts (the engine's parameters and the trainer's), so it runs
 and is tested on CPU with two ordinary modules.
 
-Departures from seed 003's loop:
+Departures from picoRL's loop:
 - Names are compared after dropping wrapper prefixes ("model.", "base_model.model.",
   "language_model.") and PEFT's ".base_layer", on both sides.
 - vLLM's transformers backend may fuse projections (`qkv_proj` = q, k, v stacked

@@ -38,7 +38,7 @@ DEMO_MODEL = REPO / "grpo" / "assets" / "arith-tiny"
 KEY_ENV, KEY = "GRPO_TEST_VLLM_KEY", "test-key"
 STARTUP_S = int(os.environ.get("GRPO_VLLM_SERVER_STARTUP_S", 420))  # 60-100 s measured, idle
 PROMPTS = ["12+34=", "5+7=", "40+41=", "9+9="]
-OVERLAP_STEPS, OVERLAP_GAIN = 120, 0.10  # measured: see the test's run in docs/async.md
+OVERLAP_STEPS, OVERLAP_GAIN = 120, 0.10  # measured: see the test's run in docs/experiments/2026-12-overlapped-rollouts.md
 
 
 def _free_port() -> int:

@@ -7,8 +7,11 @@ holds what a reader needs to trust and repeat the number:
 - `commit`, `dirty`: the commit measured and the tracked files that differed from it;
 - `date` (UTC) and `machine`: CPU model, the instruction-set flags that change speed, cores,
   torch threads, and the versions of Python, torch, transformers (and TRL when installed);
-- `depends_on`: the SHA-256 of every file the number depends on (a folder: every file in it),
-  so that `stale` can say which of them changed since: the number may no longer hold;
+- `depends_on`: a SHA-256 of every file the number depends on (a folder: every file in it),
+  so that `stale` can say which of them changed since: the number may no longer hold. With
+  `hashing: "meaning"` a Python file's digest is that of its syntax tree without docstrings,
+  and a YAML file's that of its parsed values, so comments, docstrings and layout never make a
+  number stale; every other file's is that of its bytes (older records: bytes throughout);
 - `results`: the figures, in whatever shape the record's renderer (`bench/render_results.py`)
   reads.
 
@@ -18,6 +21,7 @@ records; `tests/bench/test_results.py` fails when a page differs from what the r
 
 from __future__ import annotations
 
+import ast
 import datetime
 import hashlib
 import json
@@ -28,6 +32,8 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -102,15 +108,62 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def file_hashes(paths: list[str], root: Path = REPO) -> dict[str, str]:
-    """SHA-256 of each file under `paths` (relative to `root`; folders expanded)."""
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    """`tree` without its string statements: docstrings, attribute docstrings (no effect)."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [statement for statement in body
+                    if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+                            and isinstance(statement.value.value, str))]  # fmt: skip
+            node.body = kept or [ast.Pass()]
+    return tree
+
+
+def content_digest(name: str, data: bytes) -> str:
+    """SHA-256 of what a file means to a result: a Python file's syntax tree without
+    docstrings, a YAML file's values, any other file's bytes (also what does not parse)."""
+    meaning = data
+    try:
+        if name.endswith(".py"):
+            tree = _without_docstrings(ast.parse(data))
+            meaning = ast.dump(tree, include_attributes=False).encode()
+        elif name.endswith((".yaml", ".yml")):
+            meaning = json.dumps(yaml.safe_load(data), sort_keys=True, default=str).encode()
+    except (SyntaxError, ValueError, yaml.YAMLError):
+        meaning = data
+    return hashlib.sha256(meaning).hexdigest()
+
+
+def file_hashes(paths: list[str], root: Path = REPO, hashing: str = "meaning") -> dict[str, str]:
+    """A digest of each file under `paths` (relative to `root`; folders expanded):
+    `content_digest` ("meaning") or the SHA-256 of its bytes ("bytes", older records)."""
     hashes = {}
     for name in paths:
         path = root / name
         if not path.exists():
             raise FileNotFoundError(f"depends_on: no file or folder {name!r} in {root}")
         for file in _files(path):
-            hashes[file.relative_to(root).as_posix()] = hashlib.sha256(file.read_bytes()).hexdigest()
+            key, data = file.relative_to(root).as_posix(), file.read_bytes()
+            hashes[key] = (content_digest(key, data) if hashing == "meaning"
+                           else hashlib.sha256(data).hexdigest())  # fmt: skip
+    return hashes
+
+
+def hashes_at_commit(record: dict) -> dict[str, str]:
+    """`record`'s depends_on digested ("meaning") from the files at its commit, read from git:
+    for a record written before `hashing` existed. Refused for a record of uncommitted files."""
+    if record.get("dirty"):
+        raise ValueError(f"{record['name']}: measured with uncommitted changes {record['dirty']}")
+    commit, hashes = record["commit"], {}
+    for name in record["depends_on_paths"]:
+        files = _git("ls-tree", "-r", "--name-only", commit, "--", name).splitlines()
+        if not files:
+            raise FileNotFoundError(f"{record['name']}: {name!r} not in commit {commit}")
+        for file in files:
+            data = subprocess.run(["git", "show", f"{commit}:{file}"], cwd=REPO,
+                                  capture_output=True, check=True).stdout  # fmt: skip
+            hashes[file] = content_digest(file, data)
     return hashes
 
 
@@ -131,6 +184,7 @@ def write_record(name: str, results: dict, depends_on: list[str], argv: list[str
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "depends_on_paths": list(depends_on),
+        "hashing": "meaning",
         "depends_on": file_hashes(depends_on, root),
         "results": results,
     }
@@ -155,11 +209,33 @@ def load_records(folder: Path = RESULTS) -> dict[str, dict]:
 def stale(record: dict, root: Path = REPO) -> list[str]:
     """The files `record` depends on that changed, vanished or appeared (in a folder it depends
     on) since it was measured, sorted; [] while the number still stands."""
-    now = {}
+    now, hashing = {}, record.get("hashing", "bytes")
     for name in record["depends_on_paths"]:
         try:
-            now.update(file_hashes([name], root))
+            now.update(file_hashes([name], root, hashing))
         except FileNotFoundError:
             continue
     then = record["depends_on"]
     return sorted(name for name in now.keys() | then.keys() if now.get(name) != then.get(name))
+
+
+def rehash(names: list[str], folder: Path = RESULTS) -> None:
+    """Rewrite each named record's digests as `hashing: "meaning"` from its commit's files."""
+    for name in names:
+        path = folder / f"{name}.json"
+        record = json.loads(path.read_text())
+        if record.get("hashing") == "meaning":
+            continue
+        record["depends_on"], record["hashing"] = hashes_at_commit(record), "meaning"
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{path.relative_to(REPO)}: digests of the files at {record['commit'][:7]}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Maintain the records in bench/results/.")
+    parser.add_argument("--rehash", nargs="+", metavar="NAME", required=True,
+                        help="records written with byte digests: digest their commit's files "
+                             "by meaning (comments and docstrings no longer make them stale)")
+    rehash(parser.parse_args().rehash)

@@ -83,6 +83,34 @@ def test_a_record_turns_stale_when_a_file_it_depends_on_changes(tmp_path):
     assert records.stale(record, tmp_path) == ["a.py", "folder/b.py", "folder/c.py"]
 
 
+def test_comments_docstrings_and_yaml_layout_never_make_a_record_stale(tmp_path):
+    """A record goes stale on a change of code or of a config value, and on nothing else: a
+    comment, a docstring (module, function or attribute) or YAML layout leaves it standing."""
+    record = _record(tmp_path, {"a.py": '"""Doc."""\nx = 1  # one\n',
+                                "folder/b.yaml": "k: 1  # one\n"})  # fmt: skip
+    (tmp_path / "a.py").write_text('"""Other doc."""\n\n# a comment\nx = 1\n"""attribute doc"""\n')
+    (tmp_path / "folder" / "b.yaml").write_text("# header\nk:   1\n")
+    assert records.stale(record, tmp_path) == []
+    (tmp_path / "a.py").write_text('"""Doc."""\nx = 2\n')
+    (tmp_path / "folder" / "b.yaml").write_text("k: 2\n")
+    assert records.stale(record, tmp_path) == ["a.py", "folder/b.yaml"]
+    (tmp_path / "a.py").write_text('"""Doc."""\nx = "1"\n')  # a string that is a value counts
+    assert "a.py" in records.stale(record, tmp_path)
+
+
+def test_a_byte_digest_record_is_digested_again_only_from_a_clean_commit():
+    """An older record (byte digests) is re-digested from its commit's files; one measured
+    with uncommitted changes is refused, since its files are in no commit."""
+    head = records._git("rev-parse", "HEAD")
+    record = {"name": "probe", "commit": head, "dirty": [], "depends_on_paths": ["grpo/config.py"]}
+    hashes = records.hashes_at_commit(record)
+    data = records.subprocess.run(["git", "show", f"{head}:grpo/config.py"], cwd=records.REPO,
+                                  capture_output=True, check=True).stdout  # fmt: skip
+    assert hashes == {"grpo/config.py": records.content_digest("grpo/config.py", data)}
+    with pytest.raises(ValueError, match="uncommitted"):
+        records.hashes_at_commit({**record, "dirty": ["grpo/config.py"]})
+
+
 def test_a_stale_record_is_rendered_with_a_warning_naming_the_files(monkeypatch):
     """`source` names the command and commit, and a stale record's changed files."""
     record = {"command": "python bench/x.py", "commit": "0123456789" * 4, "dirty": [],

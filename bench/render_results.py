@@ -140,9 +140,12 @@ def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]
         else:
             text.append(f"grpo reaches TRL's final {figure} in {ratio:.2f}x TRL's whole training "
                         "time.")  # fmt: skip
-        flagged = [f for lib in ("grpo", "trl") for f in summary[lib].get("flagged", [])]
+        flagged = [f"{name} {f}" for lib, name in (("grpo", "grpo"), ("trl", "TRL"))
+                   for f in summary[lib].get("flagged", [])]  # fmt: skip
         if flagged:
-            text.append("Runs whose timing shared the machine: " + "; ".join(flagged) + ".")
+            text.append("Timing flagged, where the machine was not quiet before or during the run "
+                        "(the 1-minute load average still counts the run before it): "
+                        + "; ".join(flagged) + ".")  # fmt: skip
         return "\n".join(rows) + "\n\n" + " ".join(text) + "\n\n" + source(record)
 
     return render

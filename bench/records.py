@@ -219,16 +219,27 @@ def stale(record: dict, root: Path = REPO) -> list[str]:
     return sorted(name for name in now.keys() | then.keys() if now.get(name) != then.get(name))
 
 
-def rehash(names: list[str], folder: Path = RESULTS) -> None:
-    """Rewrite each named record's digests as `hashing: "meaning"` from its commit's files."""
+def rehash(names: list[str], folder: Path = RESULTS, checkout: Path | None = None) -> None:
+    """Rewrite each named record's digests as `hashing: "meaning"`: from its commit's files, or
+    from `checkout`, the tree it was measured in, once its files there are shown to be the
+    very bytes the record digested (a record of uncommitted files, such as a build's output)."""
     for name in names:
         path = folder / f"{name}.json"
         record = json.loads(path.read_text())
         if record.get("hashing") == "meaning":
             continue
-        record["depends_on"], record["hashing"] = hashes_at_commit(record), "meaning"
+        if checkout is None:
+            record["depends_on"] = hashes_at_commit(record)
+        else:
+            now = file_hashes(record["depends_on_paths"], checkout, "bytes")
+            if now != record["depends_on"]:
+                changed = sorted(k for k in now.keys() | record["depends_on"].keys()
+                                 if now.get(k) != record["depends_on"].get(k))  # fmt: skip
+                raise ValueError(f"{name}: {checkout} differs from the measured files: {changed}")
+            record["depends_on"] = file_hashes(record["depends_on_paths"], checkout, "meaning")
+        record["hashing"] = "meaning"
         path.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"{path.relative_to(REPO)}: digests of the files at {record['commit'][:7]}")
+        print(f"{path}: digests by meaning of the files it measured")
 
 
 if __name__ == "__main__":
@@ -236,6 +247,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Maintain the records in bench/results/.")
     parser.add_argument("--rehash", nargs="+", metavar="NAME", required=True,
-                        help="records written with byte digests: digest their commit's files "
-                             "by meaning (comments and docstrings no longer make them stale)")
-    rehash(parser.parse_args().rehash)
+                        help="records written with byte digests: digest their files by meaning "
+                             "(comments and docstrings no longer make them stale)")
+    parser.add_argument("--checkout", type=Path, default=None,
+                        help="the tree the records were measured in (default: their commits)")
+    args = parser.parse_args()
+    rehash(args.rehash, checkout=args.checkout)

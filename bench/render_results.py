@@ -47,7 +47,9 @@ def source(*records: dict) -> str:
     """Where the block's numbers come from, one line a record, and any staleness."""
     lines = []
     for record in records:
-        dirty = " (with uncommitted changes)" if record.get("dirty") else ""
+        changed = record.get("dirty") or []
+        dirty = (f" (with uncommitted changes to {', '.join(f'`{d}`' for d in changed[:3])}"
+                 f"{' and more' if len(changed) > 3 else ''})" if changed else "")  # fmt: skip
         lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
                      f"{record['date']}, on {machine_line(record)}.")  # fmt: skip
         changed = stale(record)

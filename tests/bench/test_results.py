@@ -111,6 +111,25 @@ def test_a_byte_digest_record_is_digested_again_only_from_a_clean_commit():
         records.hashes_at_commit({**record, "dirty": ["grpo/config.py"]})
 
 
+def test_a_byte_digest_record_is_digested_again_from_its_checkout_only_if_unchanged(tmp_path):
+    """Re-digesting from the tree a record was measured in checks that the tree still holds
+    the bytes it measured: a changed file is refused, an unchanged tree gives meaning digests."""
+    record = _record(tmp_path, {"a.py": "x = 1\n", "folder/b.py": "y = 2\n"})
+    record.update(hashing="bytes", depends_on=records.file_hashes(["a.py", "folder"], tmp_path,
+                                                                  "bytes"))  # fmt: skip
+    results = tmp_path / "results"
+    (results / "probe.json").write_text(json.dumps(record))
+    (tmp_path / "a.py").write_text("x = 3\n")
+    with pytest.raises(ValueError, match=r"differs from the measured files: \['a.py'\]"):
+        records.rehash(["probe"], folder=results, checkout=tmp_path)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    del record["hashing"]
+    (results / "probe.json").write_text(json.dumps(record))
+    records.rehash(["probe"], folder=results, checkout=tmp_path)
+    rewritten = json.loads((results / "probe.json").read_text())
+    assert rewritten["hashing"] == "meaning" and records.stale(rewritten, tmp_path) == []
+
+
 def test_a_stale_record_is_rendered_with_a_warning_naming_the_files(monkeypatch):
     """`source` names the command and commit, and a stale record's changed files."""
     record = {"command": "python bench/x.py", "commit": "0123456789" * 4, "dirty": [],

@@ -249,7 +249,9 @@ SUMMARY = [  # (what, record, how its figure is read, the page that explains it)
      lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/word_problems.md"),
     ("word problems against TRL 1.16", "smollm2_vs_trl", _vs_trl, "docs/results.md"),
     ("the chess-move model: held-out greedy reward", "chess",
-     lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}"), "docs/chess.md"),
+     lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}")
+     + f"; the chess loop's own run: {chess_results.SEED_001_START} -> {chess_results.SEED_001_END}",
+     "docs/chess.md"),
     ("`bench/gpu_check.py` on a GPU", "gpu_check", _gpu_summary, "docs/gpu.md"),
 ]  # fmt: skip
 

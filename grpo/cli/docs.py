@@ -35,7 +35,7 @@ A description that names the chess loop, picoRL or the framework API means one
 of [the designs `grpo` comes from](architecture.md#where-the-design-came-from).
 
 ```bash
-grpo train configs/demo.yaml --set grpo.kl_coeff=0.02 --set run.dir=runs/kl02
+grpo train configs/demo.yaml --set schedule.num_steps=200 --set run.dir=runs/demo-200
 ```
 """
 

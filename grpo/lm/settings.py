@@ -50,7 +50,7 @@ class CausalLMSettings:
     (needs a gradient scaler), or auto: bf16-mixed where bfloat16 matrix products beat float32
     on the model's device (a GPU with native bfloat16, a CPU measured when the policy is
     built), else fp32; the run's config.yaml records the choice. bf16-mixed set by hand where
-    bfloat16 is slower (emulated, 7x float32's time on an AVX2-only CPU) warns. Sampling
+    bfloat16 is slower (emulated: CPUs without native bfloat16 instructions) warns. Sampling
     computes in it too unless rollout.precision says
     otherwise. Keep model.dtype float32 (or auto for a float32 checkpoint) with it: weights
     stored in bfloat16 lose updates smaller than their spacing (docs/performance.md)."""

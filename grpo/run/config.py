@@ -104,7 +104,7 @@ class TaskConfig:
     """Training prompts (or games) drawn from a built-in task's train split."""
     eval_size: int = 200
     """Held-out prompts (or games) evaluated at the start, every evaluation.every steps and the end
-    (word_problems: this many in each of its two held-out splits)."""
+    (word_problems: this many in each of its three held-out splits)."""
     seed: int = 0
     """Seed of the built-in task's dataset draws (the held-out split never depends on it)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -186,9 +186,8 @@ class RunSettings:
     process: `rollout_worker`) samples the batches of later steps while the trainer
     updates, each with weights at most k updates old, trained on with the decoupled
     objective (docs/async.md). Each stage computes with `threads` torch threads: give
-    the two together at most the cores.
-    On the demo, k = 1 ended within the synchronous runs' spread at 300 steps (2.3 points
-    lower over six seeds) and k = 2 collapsed once in three (docs/async.md)."""
+    the two together at most the cores. What staleness costs in accuracy:
+    docs/experiments/2026-12-overlapped-rollouts.md."""
     rollout_worker: str = "thread"
     """Where an overlapped run (max_staleness >= 1) samples: `thread` (any device), or
     `process`: a forked process with weights in shared memory, which does not share the

@@ -174,8 +174,8 @@ class RolloutSettings:
     """What the transformers and lean engines compute in while sampling (fp32, bf16-mixed,
     fp16-mixed, or auto as in policy.precision: `grpo.precision`); None = policy.precision. The transformers engine runs
     generate under autocast; the lean engine, over float32 weights, samples from a copy of the
-    weights cast to the low dtype once per rollout, attention and cache in float32 (0.65x
-    float32's sampling time on SmolLM2-135M, docs/performance.md). When it differs from
+    weights cast to the low dtype once per rollout, attention and cache in float32
+    (docs/performance.md). When it differs from
     policy.precision, sampling is no longer the scorer's distribution: the old-log-prob pass
     runs, the rollout metrics report the gap (rollout/logprob_gap_*), and `tis_cap` weighs
     the loss. vLLM has its own vllm.dtype."""

@@ -208,7 +208,7 @@ def word_problems(name: str) -> Callable[[dict], str]:
                  f"start. One accuracy's standard error, clustered by equation (problems that "
                  f"share an equation are not independent): {noise}. Training time is the sum "
                  f"of the steps' times; the whole processes peaked at {peak:.2f} GiB. "
-                 f"{len(last)} seeds.")  # fmt: skip
+                 f"{len(last)} seed{'' if len(last) == 1 else 's'}.")  # fmt: skip
         notes += timing_note(runs)
         return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
 

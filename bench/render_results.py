@@ -218,12 +218,11 @@ def word_problems(name: str) -> Callable[[dict], str]:
 # ------------------------------------------------------------------ the README's summary
 def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
     """The start (the same for every seed) and each seed's end of a `train_seeds.py` record."""
-    evaluations = [sorted(run.get("checkpoint_evaluations") or run["evaluations"],
-                          key=lambda e: e["step"]) for run in record["results"]["runs"]]  # fmt: skip
-    finals = [e[-1][key] for e in evaluations]
-    ends = shown(finals[0]) if len(finals) == 1 else f"{shown(min(finals))} to {shown(max(finals))}"
+    ends = [chess_results._ends(run) for run in record["results"]["runs"]]  # (first, last) each
+    finals = [last[key] for _, last in ends]
+    span = shown(finals[0]) if len(finals) == 1 else f"{shown(min(finals))} to {shown(max(finals))}"
     seeds = "1 seed" if len(finals) == 1 else f"{len(finals)} seeds"
-    return f"{shown(evaluations[0][0][key])} -> {ends} ({seeds}, {evaluations[0][-1]['step']} steps)"
+    return f"{shown(ends[0][0][key])} -> {span} ({seeds}, {ends[0][1]['step']} steps)"
 
 
 def _vs_trl(record: dict) -> str:

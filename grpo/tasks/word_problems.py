@@ -1,45 +1,23 @@
-"""Built-in word-problem task: seeded grade-school stories, held out twice, checked by value.
+"""Built-in word-problem task: seeded grade-school stories, held out three ways, checked by value.
 
-A problem is a short story about one person's collection: it starts with a
-count, then one to three operations change it (+ buys or is given, - gives
-away or loses, x "n times as many", / "keeps one of n equal groups"), then a
-question asks for the final count. Every value along the way is a positive
-integer. Each sentence kind has several phrasings (`TEMPLATES`); the last
-phrasing of every kind is held out (`HELD_OUT_TEMPLATES`) and training never
-sees it. The prompt is a list of chat messages (an instruction, one worked
-example, the problem), so a chat model reads it through its chat template.
+A problem is a short story about one person's collection: a starting count, one to three
+operations (+ buys or is given, - gives away or loses, x "n times as many", / "keeps one of n
+equal groups"), then a question for the final count; every value is a positive integer. Each
+sentence kind has several phrasings (`TEMPLATES`); the last of every kind is held out
+(`HELD_OUT_TEMPLATES`). The prompt is chat messages (an instruction, one worked example, the
+problem), read through the model's chat template.
 
-Four splits:
-- "train": training phrasings, equations whose hash falls in the train share;
-- "heldout_numbers": training phrasings, equations whose hash falls in the
-  held-out share (an equation is the start value and the operations, so the
-  same numbers never reach training under any name, object or phrasing);
-- "heldout_phrasings": held-out equations told only with held-out phrasings;
-- "heldout_bare": held-out equations in held-out phrasings, asked as a bare
-  question: no instruction, no worked example, no request for "Answer: N"
-  (the final number of the reply is scored). It measures the skill outside
-  the prompt that training used.
-The held-out splits share their equations' distribution, so the gap between
-"heldout_numbers" and "heldout_phrasings" is the phrasing alone, and between
-"heldout_phrasings" and "heldout_bare" the scaffold alone.
+Splits (`SPLITS`): "train"; "heldout_numbers", training phrasings over held-out equations (an
+equation is the start value and the operations, chosen by hash, so its numbers never reach
+training); "heldout_phrasings", held-out equations in held-out phrasings; "heldout_bare", the
+same asked as a bare question (no instruction, no example, no "Answer: N" request). The gaps
+between them are the phrasing alone, then the scaffold alone. Few distinct one-operation
+equations exist (about 35 held out at the default sizes), so `breakdown` reports each split's
+number of distinct equations and a standard error clustered by equation
+(`grpo.tasks.clustered_standard_error`).
 
-Few distinct equations exist with one operation (about 35 in the held-out
-share at the default sizes), so a held-out split repeats them: `breakdown`
-reports how many distinct equations a split holds and a standard error
-clustered by equation (`grpo.tasks.clustered_standard_error`), which is the
-honest noise of an accuracy over such a split.
-
-Rewards follow the library's contract ``reward(prompts, completions, **columns)``
-and read the ``answer`` column (an integer as text):
-- `correct`: the final number of the completion equals the answer (lenient:
-  any wording, the last number counts); `math_verified` does the same with
-  math-verify (``pip install 'grpo[math]'``);
-- `answer_format`: the completion states "Answer: N" with an integer N (the
-  small format reward);
-- `correct_strict`: the stated "Answer: N" is the answer (for evaluation).
-A model cannot raise `correct` by the format alone; `breakdown` reports strict
-and lenient accuracy side by side, by number of operations.
-
+The rewards (`correct`, `correct_strict`, `answer_format`, `math_verified`) follow the
+library's contract and read the ``answer`` column; the format alone cannot raise `correct`.
 Importing this module pulls in nothing heavier than the standard library.
 """
 

@@ -75,8 +75,13 @@ def timing_note(runs: list[dict]) -> str:
     flagged = [f"seed {run['seed']} ({'; '.join(run['flags'])})" for run in runs if run.get("flags")]
     if not flagged:
         return ""
-    return (" Timing flagged, where the machine was not quiet before or during the run (the "
-            "1-minute load average still counts the run before it): " + ", ".join(flagged) + ".")
+    return " " + flagged_sentence(flagged)
+
+
+def flagged_sentence(flagged: list[str]) -> str:
+    """One sentence naming the runs whose timing `common.timing_flags` flagged."""
+    return ("Timing flagged, where the machine was not quiet before or during the run (the "
+            "1-minute load average still counts the run before it): " + "; ".join(flagged) + ".")
 
 
 def demo_output(records: dict) -> str:
@@ -145,9 +150,7 @@ def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]
         flagged = [f"{name} {f}" for lib, name in (("grpo", "grpo"), ("trl", "TRL"))
                    for f in summary[lib].get("flagged", [])]  # fmt: skip
         if flagged:
-            text.append("Timing flagged, where the machine was not quiet before or during the run "
-                        "(the 1-minute load average still counts the run before it): "
-                        + "; ".join(flagged) + ".")  # fmt: skip
+            text.append(flagged_sentence(flagged))
         return "\n".join(rows) + "\n\n" + " ".join(text) + "\n\n" + source(record)
 
     return render

@@ -52,6 +52,11 @@ def source(*records: dict) -> str:
                  f"{' and more' if len(changed) > 3 else ''})" if changed else "")  # fmt: skip
         lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
                      f"{record['date']}, on {machine_line(record)}.")  # fmt: skip
+        for check in record.get("verified", []):
+            lines.append(f"Checked at commit {check['commit'][:7]}, {check['date']}: seed "
+                         f"{check['seed']}'s first {check['steps']} steps replay to the recorded "
+                         f"numbers ({check['values']} values; `bench/verify_record.py`); the rest "
+                         f"of the run was not replayed.")  # fmt: skip
         changed = stale(record)
         if changed:
             shown = ", ".join(f"`{name}`" for name in changed[:6])

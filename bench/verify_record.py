@@ -1,0 +1,161 @@
+"""Show that a stale training record still stands, by replaying its start at the current commit.
+
+    python bench/verify_record.py chess                 # the first seed's first tenth of steps
+    python bench/verify_record.py smollm2_math --seed 0 --steps 4
+
+A record of `bench/train_seeds.py` turns stale when any file of the training path changes
+(`records.stale`), also when the change cannot touch its numbers (a new option that defaults
+to the old behaviour). Training here is deterministic on one machine: the same code, seed and
+threads give the same numbers to the last bit. This script runs the record's command for one
+seed (the same config and overrides, a scratch run directory) until its first `--steps` steps
+are logged (default: the first tenth, the span the record's "first" training means cover),
+stops it, and compares:
+- the held-out evaluation the run made at step 0, every `eval/` value exactly;
+- the mean over those steps of each training metric the record summarises, to the record's
+  six decimals (only when the replay covers exactly the record's first tenth).
+All equal: the record's digests are rewritten for the current files and a `verified` entry
+(commit, date, seed, steps, values compared) is added, which `bench/render_results.py`
+prints beside the record's own command. Any difference: the values are listed, the record
+is left stale and the script exits 1: measure again. The files the record depends on must be
+committed (a replay of uncommitted code proves nothing about a commit).
+
+The replay shows that the code changed since the measurement computes the same start; it does
+not replay the whole run. The rendered line says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_seeds  # noqa: E402
+from common import worker_env  # noqa: E402
+from records import REPO, RESULTS, _git, file_hashes, stale  # noqa: E402
+
+
+def replay(record: dict, seed: int, steps: int, run_dir: Path, timeout: float = 3600.0
+           ) -> list[dict]:  # fmt: skip
+    """The metric rows of the record's command for `seed`, stopped once each training metric
+    the record summarises is logged `steps` times (a metric can be missing from a step, as
+    the losses from the first) and at least `steps` steps ran."""
+    keys = next(iter(record["results"]["runs"]))["training"].keys()
+    args = train_seeds.parse_args(shlex.split(record["command"])[2:])
+    cmd = [sys.executable, "-m", "grpo", "train", args.config, "--set", f"seed={seed}",
+           "--set", f"run.dir={run_dir}"] + [a for o in args.overrides for a in ("--set", o)]  # fmt: skip
+    metrics = run_dir / "metrics.jsonl"
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=worker_env())  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            rows = _rows(metrics)
+            step_rows = [row for row in rows if "time/step" in row]
+            if len(step_rows) >= steps and all(
+                    sum(key in row for row in step_rows) >= steps for key in keys):
+                break
+            if proc.poll() is not None:
+                raise SystemExit(f"seed {seed}: grpo train exited {proc.returncode} before step "
+                                 f"{steps}:\n{proc.stdout.read()[-3000:]}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise SystemExit(f"seed {seed}: {steps} steps not logged within {timeout:.0f} s")
+            time.sleep(1.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    return rows
+
+
+def _rows(metrics: Path) -> list[dict]:
+    """The complete lines of a metrics file being written."""
+    if not metrics.is_file():
+        return []
+    lines = metrics.read_text().split("\n")[:-1]  # the last piece may be half a line
+    return [json.loads(line) for line in lines if line]
+
+
+def compare(run: dict, rows: list[dict], steps: int) -> tuple[int, list[str]]:
+    """How many values the replay's `rows` were compared on against the record's `run`, and
+    each difference as "name: recorded -> replayed"."""
+    differences, compared = [], 0
+    recorded = next((e for e in run["evaluations"] if e["step"] == 0), None)
+    replayed = next((e for e in train_seeds._evaluations(rows) if e["step"] == 0), None)
+    if recorded is not None:
+        if replayed is None:
+            return 0, ["the replay made no step-0 evaluation; the record has one"]
+        for key in sorted(k for k in recorded if k.startswith("eval/")):
+            compared += 1
+            if replayed.get(key) != recorded[key]:
+                differences.append(f"{key}: {recorded[key]} -> {replayed.get(key)}")
+    if steps == max(1, run["steps"] // 10):
+        step_rows = [row for row in rows if "time/step" in row]
+        for key, summary in run["training"].items():
+            compared += 1
+            # as training_summary: the first tenth of the steps that log the metric
+            values = [row[key] for row in step_rows if key in row][:steps]
+            got = round(statistics.fmean(values), 6) if values else None
+            if got != summary["first"]:
+                differences.append(
+                    f"{key} (mean of its first {steps} values): {summary['first']} -> {got}")
+    return compared, differences
+
+
+def verify(name: str, seed: int | None = None, steps: int | None = None,
+           folder: Path = RESULTS) -> bool:  # fmt: skip
+    """Replay record `name`'s start; on a match rewrite its digests and add `verified`."""
+    path = folder / f"{name}.json"
+    record = json.loads(path.read_text())
+    if "bench/train_seeds.py" not in record["command"]:
+        raise SystemExit(f"{name}: only records of bench/train_seeds.py can be replayed; "
+                         f"measure it again with: {record['command']}")  # fmt: skip
+    dirty = _git("status", "--porcelain", "--", *record["depends_on_paths"])
+    if dirty:
+        raise SystemExit(f"{name}: commit these files first:\n{dirty}")
+    runs = {run["seed"]: run for run in record["results"]["runs"]}
+    seed = next(iter(runs)) if seed is None else seed
+    if seed not in runs:
+        raise SystemExit(f"{name}: --seed {seed} not in the record; it has {sorted(runs)}")
+    run = runs[seed]
+    steps = steps or max(1, run["steps"] // 10)
+    with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as scratch:
+        rows = replay(record, seed, steps, Path(scratch) / "run")
+    compared, differences = compare(run, rows, steps)
+    if differences or not compared:
+        print(f"{name}: the replay differs ({compared} values compared):")
+        print("\n".join(f"  {d}" for d in differences) or "  nothing to compare")
+        return False
+    changed = stale(record)
+    record["depends_on"] = file_hashes(record["depends_on_paths"], REPO, "meaning")
+    record["hashing"] = "meaning"
+    record.setdefault("verified", []).append({
+        "commit": _git("rev-parse", "HEAD"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "seed": seed, "steps": steps, "values": compared, "changed": changed,
+    })  # fmt: skip
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{name}: seed {seed}'s first {steps} steps replay to the recorded numbers "
+          f"({compared} values); digests rewritten for {len(changed)} changed files")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="+", help="records in bench/results/")
+    parser.add_argument("--seed", type=int, default=None, help="default: the record's first")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="default: the first tenth of the record's steps")
+    args = parser.parse_args(argv)
+    ok = [verify(name, args.seed, args.steps) for name in args.names]
+    return 0 if all(ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,11 +41,19 @@ def done_steps(run_dir: Path, overrides: list[str]) -> set[int]:
     return {row["step"] for row in rows if row.get("overrides", []) == overrides}
 
 
-def main(argv: list[str] | None = None) -> None:
+def load_checkpoint(policy, folder: Path) -> None:
+    """The policy of checkpoint folder RUN_DIR/checkpoints/step-N into `policy`, in place
+    (verified against the checkpoint's manifest first)."""
     from grpo.checkpoint import load_model_state
+    from grpo.run.rundir import read_checkpoint
+
+    load_model_state(policy, read_checkpoint(folder)["trainer"]["policy"])
+
+
+def main(argv: list[str] | None = None) -> None:
     from grpo.cli.tasks import build_task
     from grpo.run.config_files import load_config
-    from grpo.run.rundir import RunDirectory, read_checkpoint
+    from grpo.run.rundir import RunDirectory
     from grpo.run.train import seed_everything
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -70,8 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     for step in sorted(set(wanted) - done_steps(args.run_dir, args.overrides)):
         start = time.perf_counter()
         if step:  # step 0 comes first, before any checkpoint is loaded
-            folder = run.checkpoints / f"step-{step:06d}"
-            load_model_state(parts.policy, read_checkpoint(folder)["trainer"]["policy"])
+            load_checkpoint(parts.policy, run.checkpoints / f"step-{step:06d}")
         metrics, _ = parts.evaluate()
         with (args.run_dir / OUTPUT).open("a") as out:
             row = {"step": step, **metrics}

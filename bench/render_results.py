@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
+import word_problem_results  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -358,6 +359,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
     "smollm2-math": word_problems("smollm2_math"),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
+    "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
     "gpu-check": gpu_check,
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -181,6 +182,18 @@ def _problems(evaluation: dict, split: str) -> int:
     return round(sum(v for k, v in evaluation.items() if k.startswith(prefix)))
 
 
+def _mean_row(evaluations: list[dict], step: int, start: dict, splits: list[str]) -> str:
+    """The seeds' mean at `step`: each split's accuracy and its change from the start, with
+    the seeds' standard deviation of that change."""
+    cells = []
+    for split in splits:
+        gains = [100 * (by_step[step][_key(split)] - start[_key(split)]) for by_step in evaluations]
+        mean = statistics.fmean(by_step[step][_key(split)] for by_step in evaluations)
+        cells.append(f"{percent(mean)} ({statistics.fmean(gains):+.1f} ± "
+                     f"{statistics.stdev(gains):.1f})")  # fmt: skip
+    return f"| mean (± seeds' s.d.) | {step} | | " + " | ".join(cells) + " |"
+
+
 def word_problems(name: str) -> Callable[[dict], str]:
     """A `train_seeds.py` record of a word-problem config: greedy accuracy per held-out split
     at each evaluated step, per seed, with the start's clustered standard error."""
@@ -205,6 +218,8 @@ def word_problems(name: str) -> Callable[[dict], str]:
                     cells.append(f"{_split_cell(e, split)} ({gain:+.1f})")
                 rows.append(f"| {run['seed']} | {step} | {e['training_seconds']:.0f} s | "
                             + " | ".join(cells) + " |")  # fmt: skip
+        if len(runs) > 1:
+            rows.append(_mean_row(evaluations, steps[-1], start, splits))
         noise = "; ".join(
             f"{SPLIT_NAMES[s]} {100 * start[_key(s, 'accuracy_se')]:.1f} points over "
             f"{_problems(start, s)} problems of {start[_key(s, 'num_equations')]:.0f} distinct "

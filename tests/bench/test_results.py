@@ -181,3 +181,17 @@ def test_a_block_whose_record_is_missing_says_so_and_shows_no_number():
     rendered = render_results.render_page(text, {})
     assert "bench/results/demo.json" in rendered and "does not exist yet" in rendered
     assert "99.9" not in rendered
+
+
+def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
+    """Two seeds ending at 40 % and 60 % on one split from a 30 % start: the mean row shows
+    50.0 %, a +20.0-point change and the seeds' s.d. of that change, sqrt(2) x 10 = 14.1."""
+    monkeypatch.setattr(render_results, "source", lambda *records: "")
+    key = "eval/heldout_numbers/greedy/accuracy"
+    start = {"step": 0, "training_seconds": 0.0, key: 0.3}
+    runs = [{"seed": seed, "peak_rss_gib": 1.0, "flags": [], "evaluations": [
+        start, {"step": 64, "training_seconds": 100.0, key: end}]}
+        for seed, end in ((0, 0.4), (1, 0.6))]  # fmt: skip
+    text = render_results.word_problems("x")({"x": {"results": {"runs": runs}}})
+    assert "| mean (± seeds' s.d.) | 64 | | 50.0 % (+20.0 ± 14.1) |" in text
+    assert "| 1 | 64 | 100 s | 60.0 % (+30.0) |" in text

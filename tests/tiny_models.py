@@ -13,6 +13,11 @@ the chat-role tokens `<|system|>`, `<|user|>`, `<|assistant|>`, `<|end|>`.
 Text is words separated by single spaces; every word (with or without its leading
 space) is one byte-level BPE token. The chat template renders `<|role|>content<|end|>` per message and ends with
 `<|assistant|>` when `add_generation_prompt=True`.
+
+`BASE_ARCHS` are built as base models, the way Gemma 3 270M ships: no chat
+template, and a `BOS` token the tokenizer puts before every text. "gemma3" is a
+Gemma3ForCausalLM whose layers alternate sliding-window and full attention, its
+window (`SLIDING_WINDOW`) shorter than most prompts.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import random
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     PreTrainedModel,
@@ -34,10 +40,13 @@ from transformers import (
 
 __all__ = [
     "ARCHS",
+    "BASE_ARCHS",
+    "BOS",
     "CHAT_TEMPLATE",
     "EOS",
     "PAD",
     "ROLE_TOKENS",
+    "SLIDING_WINDOW",
     "UNK",
     "WORDS",
     "build_tiny_causal_lm",
@@ -47,7 +56,7 @@ __all__ = [
     "supervised_warm_start",
 ]
 
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+PAD, EOS, UNK, BOS = "<pad>", "<eos>", "<unk>", "<bos>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 WORDS = tuple("abcdefghijklmnop") + (
     "say",
@@ -67,6 +76,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 ARCHS = ("qwen2", "llama", "gpt2")
+BASE_ARCHS = ("gemma3",)
+"""Built without a chat template and with a BOS token (see the module docstring)."""
+SLIDING_WINDOW = 8
 
 
 def random_words(rng: random.Random, low: int, high: int, words: tuple[str, ...] = WORDS) -> str:
@@ -74,14 +86,17 @@ def random_words(rng: random.Random, low: int, high: int, words: tuple[str, ...]
     return " ".join(rng.choice(words) for _ in range(rng.randint(low, high)))
 
 
-def build_tokenizer(*, with_pad: bool = True, seed: int = 0) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    *, with_pad: bool = True, seed: int = 0, base: bool = False
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a generated corpus, with a chat template.
 
-    `with_pad=False` leaves the pad token unset (as many base models ship).
+    `with_pad=False` leaves the pad token unset (as many base models ship); `base=True`
+    builds a base model's instead: no chat template, `BOS` put before every text.
     """
     rng = random.Random(seed)
     corpus = [random_words(rng, 3, 12) for _ in range(300)] + [" ".join(WORDS)] * 5
-    specials = [PAD, EOS, UNK, *ROLE_TOKENS]
+    specials = [PAD, EOS, UNK, *ROLE_TOKENS, *([BOS] if base else [])]
     # byte-level BPE, the layout of GPT-2 and Qwen2 tokenizers (transformers rebuilds a
     # Qwen2 tokenizer from vocab + merges, so the pipeline must be the one it expects)
     core = Tokenizer(models.BPE())
@@ -94,19 +109,33 @@ def build_tokenizer(*, with_pad: bool = True, seed: int = 0) -> PreTrainedTokeni
         show_progress=False,
     )
     core.train_from_iterator(corpus, trainer)
+    if base:
+        bos = [(BOS, core.token_to_id(BOS))]
+        core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=bos)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token=EOS,
         unk_token=UNK,
         pad_token=PAD if with_pad else None,
+        bos_token=BOS if base else None,
         additional_special_tokens=list(ROLE_TOKENS),
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if not base:
+        tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def _config(arch: str, vocab_size: int, pad_id: int | None, eos_id: int, max_positions: int):
-    special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": eos_id}
+def _config(
+    arch: str, vocab_size: int, pad_id: int | None, eos_id: int, bos_id: int, max_positions: int
+):
+    special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": bos_id}
+    if arch == "gemma3":  # Gemma 3's own head_dim and query scaling, two window layers per full
+        return Gemma3TextConfig(
+            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            sliding_window=SLIDING_WINDOW, max_position_embeddings=max_positions,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], **special,
+        )  # fmt: skip
     if arch == "gpt2":
         return GPT2Config(
             vocab_size=vocab_size,
@@ -121,7 +150,7 @@ def _config(arch: str, vocab_size: int, pad_id: int | None, eos_id: int, max_pos
         )
     config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(arch)
     if config_class is None:
-        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS)}")
+        raise ValueError(f"arch: got {arch!r}; allowed: {', '.join(ARCHS + BASE_ARCHS)}")
     return config_class(
         vocab_size=vocab_size,
         hidden_size=32,
@@ -142,12 +171,18 @@ def build_tiny_causal_lm(
     seed: int = 0,
     with_pad: bool = True,
     max_positions: int = 64,
+    vocab_size: int | None = None,
 ) -> Path:
-    """Save a random-init `arch` model (hidden 32, 2 layers) and its tokenizer to `path`."""
+    """Save a random-init `arch` model (hidden 32, 2 layers; gemma3: 3) and its tokenizer to
+    `path`. `vocab_size`: the model's (default: the tokenizer's); ids past the tokenizer's
+    decode to ''."""
     path = Path(path)
-    tokenizer = build_tokenizer(with_pad=with_pad)
+    tokenizer = build_tokenizer(with_pad=with_pad, base=arch in BASE_ARCHS)
     pad_id = tokenizer.pad_token_id if with_pad else None
-    config = _config(arch, len(tokenizer), pad_id, tokenizer.eos_token_id, max_positions)
+    eos_id = tokenizer.eos_token_id
+    bos_id = eos_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
+    V = len(tokenizer) if vocab_size is None else vocab_size
+    config = _config(arch, V, pad_id, eos_id, bos_id, max_positions)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = pad_id

@@ -7,6 +7,8 @@
 - "guess_number": a multi-turn game played through `grpo.envs` (the policy's
   actions are whole episodes);
 - "prompts": your JSONL prompt files and reward functions named by import path.
+"word_problems" and "prompts" take `task.options.prompt_form`: chat messages through the
+chat template, or as plain text for a base model (`grpo.lm.prompt_forms`).
 Any other name of the form "module:function" or "path/file.py:function" is a
 factory of your own with the same signature, for policies that are not causal
 LMs (the fill-in example does this).
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo.lm.prompt_forms import check_chat_template, check_prompt_form, in_form, stop_strings_for
 from grpo.run.config import RunConfig
 from grpo.run.parts import TaskParts, load_policy, load_text_data, text_parts
 from grpo.run.structured import ConfigError
@@ -53,6 +56,23 @@ def _without_reference_kl(config: RunConfig) -> None:
             f"evaluation.reference_kl: not supported by task {config.task.name!r}; allowed: "
             "false (arithmetic, chess and prompts support it)"
         )
+
+
+def _form_policy(config: RunConfig, form: str, rows: Sequence[dict]) -> Any:
+    """The policy, loaded after the plain form's stop string joins
+    policy.generation.stop_strings (so the run's config.yaml records it); a ConfigError naming
+    task.options.prompt_form when chat messages meet a tokenizer without a chat template."""
+    g = config.policy.generation
+    stop = stop_strings_for(form, g.stop_strings)
+    if stop != g.stop_strings:
+        config.policy.generation = g.replace(stop_strings=stop)
+    policy = load_policy(config)
+    prompts = (row["prompt"] for row in rows)
+    try:
+        check_chat_template("task.options.prompt_form", form, policy.tokenizer, prompts)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    return policy
 
 
 def _arithmetic(config: RunConfig) -> TaskParts:
@@ -130,7 +150,8 @@ def _word_problems(config: RunConfig) -> TaskParts:
     }
     # both held-out splits checked (columns, prompt lengths) as one set, evaluated separately
     every_held = [row for rows in held.values() for row in rows]
-    parts = text_parts(config, load_policy(config), reward, train, every_held, check, ())
+    policy = _form_policy(config, settings.prompt_form, [*train, *every_held])
+    parts = text_parts(config, policy, reward, train, every_held, check, ())
     modes = config.evaluation.modes
     headline = tuple(
         f"eval/{split}{mode}/{key}"
@@ -223,6 +244,13 @@ def _guess_number(config: RunConfig) -> TaskParts:
 
 def _prompts(config: RunConfig) -> TaskParts:
     t = config.task
+    unknown = sorted(set(t.options) - {"prompt_form"})
+    if unknown:
+        raise ConfigError(f"task.options.{unknown[0]}: unknown option; allowed: prompt_form")
+    try:
+        form = check_prompt_form("task.options.prompt_form", t.options.get("prompt_form", "chat"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     reward = _reward_functions(t.rewards)
     accuracy = import_object(t.accuracy, "task.accuracy") if t.accuracy else None
     if accuracy is not None and not callable(accuracy):
@@ -231,11 +259,18 @@ def _prompts(config: RunConfig) -> TaskParts:
         )
     # every row read and checked against the reward functions before the model loads
     train, held_out = load_text_data(reward, t.train_file, t.eval_file, accuracy)
+    rows = [*train, *(held_out or ())]
+    for row in rows:  # in place: each record keeps the line it was read from
+        try:
+            row["prompt"] = in_form(row["prompt"], form)
+        except ValueError as err:
+            raise ConfigError(f"task.options.prompt_form plain: {row.source}: {err}") from err
     headline = tuple(
         f"eval/{mode}/{'accuracy' if accuracy else 'reward_mean'}"
         for mode in config.evaluation.modes
     )
-    return text_parts(config, load_policy(config), reward, train, held_out, accuracy, headline)
+    policy = _form_policy(config, form, rows)
+    return text_parts(config, policy, reward, train, held_out, accuracy, headline)
 
 
 def _reward_functions(specs: Sequence[Any]) -> Any:

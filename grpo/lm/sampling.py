@@ -56,7 +56,8 @@ class GenerationSettings:
     top_k: int = 0
     """Keep only the k most likely tokens; 0 = no limit (truncation: as for top_p)."""
     stop_strings: tuple[str, ...] = ()
-    """A completion also ends after the first occurrence of any of these strings."""
+    """A completion also ends after the first occurrence of any of these strings (the tokens
+    that complete it kept, as an EOS is; nothing after them is scored or rewarded)."""
     do_sample: bool = True
     """False = greedy decoding (used for evaluation)."""
     generation_batch_size: int | None = None

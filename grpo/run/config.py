@@ -112,8 +112,11 @@ class TaskConfig:
     aside: the prompt sets it) plus min_plies/max_plies, prompt, a name in
     grpo.tasks.chess.PROMPTS, and supervised_fraction, the share of positions (by FEN hash)
     kept out of training for a supervised warm start (chess); GuessNumberConfig fields plus max_turns (guess_number);
-    WordProblemsConfig fields plus answer_check and format_weight (word_problems); or anything
-    a custom task factory reads."""
+    WordProblemsConfig fields plus answer_check and format_weight (word_problems); prompt_form
+    (prompts); or anything a custom task factory reads. prompt_form (word_problems, prompts):
+    chat (the default) renders chat messages with the tokenizer's chat template; plain, for a
+    base model without one, writes them as "Question: ... Answer:" text and adds "\\nQuestion:"
+    to policy.generation.stop_strings (grpo.lm.prompt_forms)."""
     train_file: str | None = None
     """prompts task: JSONL file of training rows {"prompt": ..., other columns}."""
     eval_file: str | None = None

@@ -5,7 +5,8 @@ operations (+ buys or is given, - gives away or loses, x "n times as many", / "k
 equal groups"), then a question for the final count; every value is a positive integer. Each
 sentence kind has several phrasings (`TEMPLATES`); the last of every kind is held out
 (`HELD_OUT_TEMPLATES`). The prompt is chat messages (an instruction, one worked example, the
-problem), read through the model's chat template.
+problem), read through the model's chat template, or for a base model the same as plain text
+(`prompt_form`, `grpo.lm.prompt_forms`).
 
 Splits (`SPLITS`): "train"; "heldout_numbers", training phrasings over held-out equations (an
 equation is the start value and the operations, chosen by hash, so its numbers never reach
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo.lm.prompt_forms import PROMPT_FORMS, in_form
 from grpo.tasks import clustered_standard_error, draw_distinct, hash_split
 
 __all__ = [
@@ -128,6 +130,9 @@ class WordProblemsConfig:
     """Share of all equations reserved for the held-out splits (chosen by a hash)."""
     worked_example: bool = True
     """Put one worked example (a user turn and its answer) before the problem."""
+    prompt_form: str = "chat"
+    """chat: messages, through the model's chat template; plain: the same as "Question: ...
+    Answer:" text for a base model (`grpo.lm.prompt_forms.plain_text`)."""
 
     def __post_init__(self) -> None:
         for name in ("operation_weights", "train_operation_weights"):
@@ -150,6 +155,8 @@ class WordProblemsConfig:
             raise ValueError(f"max_value must be an integer >= max_start, got {self.max_value!r}")
         if not 0.0 < self.held_out_fraction < 1.0:
             raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction!r}")
+        if self.prompt_form not in PROMPT_FORMS:
+            raise ValueError(f"prompt_form must be one of {PROMPT_FORMS}, got {self.prompt_form!r}")
 
 
 @dataclass(frozen=True)
@@ -286,9 +293,10 @@ def generate_dataset(
             f"(found {found}); raise max_start, max_addend or held_out_fraction"
         ),
     )  # fmt: skip
+    bare = split == "heldout_bare"
     return [
         {
-            "prompt": messages(text, config.worked_example, bare=split == "heldout_bare"),
+            "prompt": in_form(messages(text, config.worked_example, bare), config.prompt_form),
             "answer": str(drawn[text].answer),
             "operations": len(drawn[text].steps),
             "equation": drawn[text].equation,

@@ -4,7 +4,9 @@ step on a large-vocabulary model then makes no (n, T, V) logits tensor anywhere.
 The memory guard records the shape of every tensor torch creates (a dispatch mode sees
 each op's outputs, forward and backward) and looks at those whose last dimension is V:
 one sampling step needs (N, V) and a folded chunk (rows, V); the logits path makes
-(n, T + 1, V) per micro-batch, and stacking `generate`'s scores (N, T, V).
+(n, T + 1, V) per micro-batch, and stacking `generate`'s scores (N, T, V). The guard runs on
+the tiny Llama grown to V = AUTO_MIN_VOCAB, and on the tiny Gemma 3 (sliding-window and full
+attention, tied embeddings) at Gemma 3's own V = 262,144.
 """
 
 import logging
@@ -30,6 +32,9 @@ PROMPTS = [{"prompt": "say a b"}, {"prompt": "count"}]
 G = 4
 N = len(PROMPTS) * G  # rows of one sampling step
 T = 6  # max_new_tokens
+GEMMA3_VOCAB = 262_144
+LARGE = {"llama": AUTO_MIN_VOCAB, "gemma3": GEMMA3_VOCAB}
+"""The vocabulary each model is scored at: the Llama grown to it, the Gemma 3 built with it."""
 
 
 class _LastDimShapes(TorchDispatchMode):
@@ -49,10 +54,12 @@ class _LastDimShapes(TorchDispatchMode):
 
 
 def _large_vocab_policy(path, engine: str, V: int, **settings) -> CausalLMPolicy:
-    """The tiny Llama with its vocabulary grown to V (ids past the tokenizer decode to '')."""
+    """The tiny model at `path` with a vocabulary of V, grown to it when built smaller (ids
+    past the tokenizer decode to '')."""
     model, tokenizer = load_tiny_causal_lm(path)
     torch.manual_seed(0)
-    model.resize_token_embeddings(V, mean_resizing=False)
+    if model.config.vocab_size != V:
+        model.resize_token_embeddings(V, mean_resizing=False)
     generation = GenerationSettings(max_new_tokens=T, temperature=0.9, seed=1, top_p=0.9)
     return CausalLMPolicy(
         model, tokenizer, CausalLMSettings(generation, **settings), RolloutSettings(engine)
@@ -78,24 +85,34 @@ def _trainer(policy: CausalLMPolicy) -> GRPOTrainer:
     return GRPOTrainer(policy, reward, None, config)
 
 
-@pytest.mark.parametrize("engine", ["transformers", "lean"])
-def test_a_default_step_makes_no_n_t_v_logits(tiny_lm_dir, monkeypatch, engine):
-    """With the default settings and V = AUTO_MIN_VOCAB, no tensor (..., V) of a train step
-    (rollout with top-p, old-log-prob, reference and gradient passes) or of a greedy evaluation
-    holds more than N rows: one sampling step's, or one folded chunk's."""
-    V = AUTO_MIN_VOCAB
+def _model_dir(tiny_lm_dir, arch: str):
+    """The Gemma 3 is built at its vocabulary (a grown embedding would lose its scaling)."""
+    return tiny_lm_dir(arch, vocab_size=LARGE[arch] if arch == "gemma3" else None)
+
+
+@pytest.mark.parametrize(
+    ("arch", "engine"), [("llama", "transformers"), ("llama", "lean"), ("gemma3", "transformers")]
+)
+def test_a_default_step_makes_no_n_t_v_logits(tiny_lm_dir, monkeypatch, arch, engine):
+    """With the default settings and V = AUTO_MIN_VOCAB (Llama) or 262,144 (Gemma 3), no tensor
+    (..., V) of a train step (rollout with top-p, old-log-prob, reference and gradient passes)
+    or of a greedy evaluation holds more than N rows: one sampling step's, or one folded
+    chunk's."""
+    V = LARGE[arch]
     monkeypatch.setattr(output_layer, "DEFAULT_CHUNK_ELEMENTS", N * V)  # chunks of N rows
-    policy = _large_vocab_policy(tiny_lm_dir("llama"), engine, V)
+    policy = _large_vocab_policy(_model_dir(tiny_lm_dir, arch), engine, V)
     trainer = _trainer(policy)
     trainer.train_step(PROMPTS)  # the first step runs the one-time checks (one row each)
     assert _logits_rows(policy, trainer, V) == {}
 
 
-def test_the_guard_sees_the_logits_path(tiny_lm_dir, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_guard_sees_the_logits_path(tiny_lm_dir, monkeypatch, arch):
     """With chunked_output_layer false the same guard finds (n, T + 1, V) logits: it can fail."""
-    V = AUTO_MIN_VOCAB
+    V = LARGE[arch]
     monkeypatch.setattr(output_layer, "DEFAULT_CHUNK_ELEMENTS", N * V)
-    policy = _large_vocab_policy(tiny_lm_dir("llama"), "transformers", V, chunked_output_layer=False)
+    path = _model_dir(tiny_lm_dir, arch)
+    policy = _large_vocab_policy(path, "transformers", V, chunked_output_layer=False)
     trainer = _trainer(policy)
     trainer.train_step(PROMPTS)
     big = _logits_rows(policy, trainer, V)

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from tiny_models import ARCHS, load_tiny_causal_lm
+from tiny_models import ARCHS, BASE_ARCHS, load_tiny_causal_lm
 
 from grpo.config import GRPOConfig
 from grpo.lm.completion import Completion
@@ -60,7 +60,7 @@ def sample_completions(tokenizer):
     return out
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BASE_ARCHS)  # Gemma 3: past its sliding window
 def test_logprobs_match_independent_forward(tiny_lm_dir, arch):
     """Micro-batched, padded policy log-probs and entropy equal an unpadded forward + own gather."""
     policy = make_policy(tiny_lm_dir(arch), temperature=0.7, micro_batch_size=2).eval()
@@ -79,7 +79,7 @@ def test_logprobs_match_independent_forward(tiny_lm_dir, arch):
     torch.testing.assert_close(per_sample, out.logprobs.sum(-1))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BASE_ARCHS)  # Gemma 3: past its sliding window
 def test_left_padding_equals_no_padding(tiny_lm_dir, arch):
     """A short prompt scored beside a much longer one (left padding) gives its unpadded log-probs."""
     policy = make_policy(tiny_lm_dir(arch), micro_batch_size=4).eval()

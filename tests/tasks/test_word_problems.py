@@ -11,11 +11,15 @@ import pytest
 
 from grpo.cli import main
 from grpo.cli.tasks import build_task
+from grpo.lm.prompt_forms import plain_text
 from grpo.run.config_files import load_config
 from grpo.run.structured import ConfigError
 from grpo.tasks import hash_split
 from grpo.tasks.word_problems import (
+    EXAMPLE_PROBLEM,
+    EXAMPLE_SOLUTION,
     HELD_OUT_TEMPLATES,
+    INSTRUCTION,
     SPLITS,
     TEMPLATES,
     WordProblemsConfig,
@@ -104,6 +108,27 @@ def test_bare_split_asks_the_held_out_story_alone():
     assert len(told & {problem_text(r) for r in rows}) < 10  # drawn apart, not a reformatting
 
 
+def test_the_plain_form_writes_the_same_rows_as_question_and_answer_text():
+    """prompt_form plain changes the prompt alone, into the chat prompt's plain_text: the
+    instruction, the worked example as a Question/Answer pair, the problem, an open "Answer:";
+    the bare split's prompt is the story as a lone question."""
+    plain = WordProblemsConfig(prompt_form="plain")
+    for split in SPLITS:
+        chat = generate_dataset(20, split=split, seed=1)
+        assert generate_dataset(20, split=split, seed=1, config=plain) == [
+            {**row, "prompt": plain_text(row["prompt"])} for row in chat
+        ]
+    (row,) = generate_dataset(1, config=plain)
+    story = problem_text(generate_dataset(1)[0])
+    assert row["prompt"] == (
+        f"{INSTRUCTION}\n\nQuestion: {EXAMPLE_PROBLEM}\nAnswer: {EXAMPLE_SOLUTION}\n\n"
+        f"Question: {story}\nAnswer:"
+    )
+    (bare,) = generate_dataset(1, split="heldout_bare", config=plain)
+    story = problem_text(generate_dataset(1, split="heldout_bare")[0])
+    assert bare["prompt"] == f"Question: {story}\nAnswer:"
+
+
 def test_hash_split_keeps_training_equations_out_of_every_held_out_split():
     """Train equations hash to train, held-out ones to held_out; the sets share no equation."""
     config = WordProblemsConfig()
@@ -162,6 +187,7 @@ def test_the_smollm2_config_trains_on_one_and_two_step_stories(tiny_llama):
         ({"operators": ("+", "^")}, "operators"),
         ({"max_factor": 1}, "max_factor"),
         ({"held_out_fraction": 1.0}, "held_out_fraction"),
+        ({"prompt_form": "text"}, "prompt_form"),
     ],
 )
 def test_bad_settings_name_the_field(options, message):

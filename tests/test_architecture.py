@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # bottom to top; parts in one layer may not import each other
 LAYERS: list[set[str]] = [
     {"functional"},
-    {"protocols", "records", "config", "checkpoint", "precision"},
+    {"protocols", "records", "config", "checkpoint", "precision", "licence"},
     {"lm", "masked_fill", "rewards", "distributed"},
     {"envs"},
     {"tasks"},

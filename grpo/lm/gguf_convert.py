@@ -5,18 +5,21 @@ dequantizes it to float32, but the object it returns refuses `save_pretrained`.
 `convert_gguf` copies its weights into a plain model built from the same config
 (without the GGUF quantization entry) and writes
 
-- `model.safetensors`, `config.json`, the tokenizer files and the chat template;
+- `model.safetensors`, `config.json` (with every pinned value written out:
+  `grpo.lm.gguf_pins`), the tokenizer files and the chat template, if any;
 - `generation_config.json` with no sampling knobs (greedy unless the caller asks
-  otherwise) and `eos_token_id` set to the token a chat turn ends with;
-- `conversion.json`: the source, the probe results and the SHA-256 of every file,
-  which `check_folder` verifies later without touching the source again.
+  otherwise) and `eos_token_id` set to the token generation ends with;
+- `conversion.json`: the source, the pins, the probe results and the SHA-256 of
+  every file, which `check_folder` verifies later without touching the source again.
 
 The check before the folder is published (it is written under `NAME.partial` and
-renamed only when the check passes): the probe prompt, through the chat template,
-tokenizes the same with the saved tokenizer as with the GGUF one; the saved model's
-logits on it equal the GGUF-loaded model's to `LOGIT_TOLERANCE`; and its greedy
-answer ends with the end-of-turn token within `max_new_tokens`. torch and transformers are
-imported only when a conversion runs: checking a cached folder needs neither.
+renamed only when the check passes): the probe (a chat through the chat template,
+or a plain prompt for a base model) tokenizes the same with the saved tokenizer as
+with the GGUF one; the saved config states every pinned value; the saved model's
+logits on the probe equal the GGUF-loaded model's to `LOGIT_TOLERANCE`; and its
+greedy answer reaches the end-of-turn token (or the probe's stop string) within
+`max_new_tokens`. torch and transformers are imported only when a conversion runs:
+checking a cached folder needs neither.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import copy
 import hashlib
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,14 +57,21 @@ class ConversionError(RuntimeError):
 
 @dataclass(frozen=True)
 class Probe:
-    """The prompt both models answer before a folder is published."""
+    """The prompt both models answer before a folder is published: chat messages answered up
+    to the end-of-turn token, or, for a base model (no chat template, turn tokens untrained),
+    a plain prompt answered up to a stop string."""
 
     messages: tuple[dict[str, str], ...] = (
         {"role": "user", "content": "What is 2 + 3? Answer with a number."},
     )
-    """Chat messages, rendered with the model's chat template and a generation prompt."""
+    """Chat messages, rendered with the model's chat template and a generation prompt; used
+    when `prompt` is None."""
+    prompt: str | None = None
+    """A plain text prompt, tokenized as it is (the tokenizer adds its BOS, if it has one)."""
+    stop: str | None = None
+    """Text the greedy answer must reach (e.g. "\\n"), in place of the end-of-turn token."""
     max_new_tokens: int = 48
-    """The greedy answer must end with the end-of-turn token within this many tokens."""
+    """The greedy answer must reach its end (the token, or `stop`) within this many tokens."""
 
 
 def sha256_file(path: Path) -> str:
@@ -81,16 +91,21 @@ def _require_gguf() -> None:
         ) from err
 
 
-def _load_gguf(gguf_path: Path) -> tuple[Any, Any]:
-    """transformers' GGUF loader: the dequantized float32 model and its tokenizer."""
+def _load_gguf(gguf_path: Path, pins: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """transformers' GGUF loader: the dequantized float32 model, built from the file's config
+    with `pins` set, its tokenizer, and what each pin replaced."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.lm.gguf_pins import gguf_metadata, pin_config
 
     _require_gguf()
     where = {"pretrained_model_name_or_path": str(gguf_path.parent), "gguf_file": gguf_path.name}
+    config = AutoConfig.from_pretrained(**where)
+    pinned = pin_config(config, pins, gguf_metadata(gguf_path)) if pins else {}
     tokenizer = AutoTokenizer.from_pretrained(**where)
-    model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
-    return model.eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(**where, config=config, dtype=torch.float32)
+    return model.eval(), tokenizer, pinned
 
 
 def _plain_copy(model: Any, eos_id: int) -> Any:
@@ -113,18 +128,41 @@ def _plain_copy(model: Any, eos_id: int) -> Any:
 
 
 def _probe_ids(tokenizer: Any, probe: Probe) -> torch.Tensor:
+    if probe.prompt is not None:
+        return tokenizer(probe.prompt, return_tensors="pt")["input_ids"]  # (1, P)
     encoded = tokenizer.apply_chat_template(
         list(probe.messages), add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     return encoded["input_ids"]  # (1, P)
 
 
+def _answer_end(tokenizer: Any, answer: list[int], eos_id: int, probe: Probe) -> int:
+    """How many of the greedy `answer`'s tokens reach its end: the end-of-turn token, or the
+    first token whose text completes `probe.stop`."""
+    if probe.stop is None:
+        if eos_id in answer:
+            return answer.index(eos_id) + 1
+        end = repr(tokenizer.convert_ids_to_tokens(eos_id))
+    else:
+        for n in range(1, len(answer) + 1):
+            if probe.stop in tokenizer.decode(answer[:n]):
+                return n
+        end = f"the stop string {probe.stop!r}"
+    raise ConversionError(
+        f"the greedy probe answer did not end with {end} within {probe.max_new_tokens} tokens: "
+        f"{tokenizer.decode(answer)!r}"
+    )
+
+
 def _check_saved(folder: Path, ref_ids: torch.Tensor, ref_logits: torch.Tensor,
-                 eos_id: int, probe: Probe) -> dict[str, Any]:  # fmt: skip
+                 eos_id: int, probe: Probe, pins: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Reload `folder` as a user would and compare it with the GGUF model's probe results."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo.lm.gguf_pins import check_pins
+
+    check_pins(folder, pins)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = _probe_ids(tokenizer, probe)
@@ -143,36 +181,37 @@ def _check_saved(folder: Path, ref_ids: torch.Tensor, ref_logits: torch.Tensor,
     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                          max_new_tokens=probe.max_new_tokens, do_sample=False)  # fmt: skip
     answer = out[0, ids.shape[1] :].tolist()
-    if eos_id not in answer:
-        raise ConversionError(
-            f"the greedy probe answer did not end with {tokenizer.convert_ids_to_tokens(eos_id)!r} "
-            f"within {probe.max_new_tokens} tokens: {tokenizer.decode(answer)!r}"
-        )
-    answer = answer[: answer.index(eos_id) + 1]
+    answer = answer[: _answer_end(tokenizer, answer, eos_id, probe)]
+    asked = {"messages": list(probe.messages)} if probe.prompt is None else {"prompt": probe.prompt}
     return {
-        "messages": list(probe.messages),
+        **asked,
         "prompt_tokens": ids.shape[1],
         "max_abs_logit_difference": diff,
         "logit_tolerance": LOGIT_TOLERANCE,
         "greedy_answer": tokenizer.decode(answer),
         "greedy_answer_tokens": len(answer),
-        "ends_with_eos": True,
+        **({"ends_with_eos": True} if probe.stop is None else {"reaches_stop": probe.stop}),
     }
 
 
 def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe = Probe(),
-                 source: dict[str, Any] | None = None,
+                 pins: Mapping[str, Any] | None = None, source: dict[str, Any] | None = None,
                  extra_files: dict[str, bytes] | None = None) -> dict[str, Any]:  # fmt: skip
     """Convert `gguf_path` into `folder` (replaced if present), check it, return its manifest.
 
-    `eos_token` is the token a chat turn ends with; `source` is recorded in the manifest;
-    `extra_files` (name -> content) are written beside the weights, e.g. a licence.
+    `eos_token` is the token generation ends with (a chat turn's end, or a base model's EOS);
+    `pins` (config field -> value) are set and written out in place of transformers' reading
+    (`grpo.lm.gguf_pins`); `source` is recorded in the manifest; `extra_files`
+    (name -> content) are written beside the weights, e.g. a licence.
     """
     import torch
 
+    from grpo.lm.gguf_pins import write_pins
+
+    pins = dict(pins or {})
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model, tokenizer = _load_gguf(gguf_path)
+    model, tokenizer, pinned = _load_gguf(gguf_path, pins)
     eos_id = tokenizer.convert_tokens_to_ids(eos_token)
     if eos_id is None or eos_id == tokenizer.unk_token_id:
         raise ConversionError(f"eos_token {eos_token!r} is not in the GGUF file's vocabulary")
@@ -185,18 +224,20 @@ def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe 
     plain.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     del plain
+    if pins:
+        write_pins(partial / "config.json", pins)
     for name, content in (extra_files or {}).items():
         (partial / name).write_bytes(content)
-    probe_result = _check_saved(partial, ref_ids, ref_logits, eos_id, probe)
-    manifest = _manifest(partial, gguf_path, source or {}, probe_result)
+    probe_result = _check_saved(partial, ref_ids, ref_logits, eos_id, probe, pins)
+    manifest = _manifest(partial, gguf_path, source or {}, probe_result, pinned)
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     return manifest
 
 
-def _manifest(folder: Path, gguf_path: Path, source: dict[str, Any],
-              probe: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _manifest(folder: Path, gguf_path: Path, source: dict[str, Any], probe: dict[str, Any],
+              pinned: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     import gguf
     import torch
     import transformers
@@ -205,6 +246,7 @@ def _manifest(folder: Path, gguf_path: Path, source: dict[str, Any],
         "source": {**source, "gguf_file": gguf_path.name, "gguf_sha256": sha256_file(gguf_path)},
         "converted_with": {"transformers": transformers.__version__,
                            "gguf": _version("gguf", gguf), "torch": torch.__version__},  # fmt: skip
+        **({"pins": pinned} if pinned else {}),
         "probe": probe,
         "files": {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()},
     }

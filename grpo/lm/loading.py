@@ -9,6 +9,9 @@
 - LoRA uses PEFT (the `lora` extra). Saving writes safetensors that plain
   transformers (or PEFT for an adapter) loads; `merged=True` also writes the
   adapter folded into a copy of the base weights.
+- A model folder that declares licence files (`licence.json`, `grpo.licence`)
+  passes them on: every folder saved from a model loaded from it carries them,
+  with MODIFIED.md saying the weights were trained.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import torch
 
+from grpo.licence import TRAINED, ModelLicence, read_licence, write_licence
+
 __all__ = [
     "DTYPES",
     "LoraSettings",
@@ -30,6 +35,7 @@ __all__ = [
     "is_peft_model",
     "load_model_and_tokenizer",
     "save_model",
+    "source_licence",
 ]
 
 DTYPES = {
@@ -136,10 +142,22 @@ def apply_lora(model: Any, settings: LoraSettings) -> Any:
     return get_peft_model(model, config)
 
 
+def source_licence(model: Any) -> ModelLicence | None:
+    """The licence files declared by the local folder `model` was loaded from, if any."""
+    source = getattr(model, "name_or_path", None) or ""
+    return read_licence(source) if source and Path(source).expanduser().is_dir() else None
+
+
 def save_model(
-    model: Any, tokenizer: Any, path: str | os.PathLike, *, merged: bool = False
+    model: Any,
+    tokenizer: Any,
+    path: str | os.PathLike,
+    *,
+    merged: bool = False,
+    licence: ModelLicence | None = None,
 ) -> Path:
-    """save_pretrained (safetensors) the model or adapter and the tokenizer to `path`.
+    """save_pretrained (safetensors) the model or adapter and the tokenizer to `path`, with
+    `licence`'s files and the note that the weights were trained (`TRAINED`).
 
     With a PEFT model, `path` gets the adapter and, when `merged`, `path/merged`
     gets full weights with the adapter folded in (from a copy: the live model
@@ -149,8 +167,10 @@ def save_model(
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    write_licence(licence, path, TRAINED)
     if merged and is_peft_model(model):
         full = copy.deepcopy(model).merge_and_unload()
         full.save_pretrained(path / "merged", safe_serialization=True)
         tokenizer.save_pretrained(path / "merged")
+        write_licence(licence, path / "merged", TRAINED)
     return path

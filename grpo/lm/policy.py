@@ -53,6 +53,7 @@ from grpo.lm.loading import (
     is_peft_model,
     load_model_and_tokenizer,
     save_model,
+    source_licence,
 )
 from grpo.lm.model_setup import context_length, disable_dropout, enable_checkpointing, eos_ids
 from grpo.lm.reference import AdapterDisabledReference
@@ -89,6 +90,7 @@ class CausalLMPolicy:
         self.eos_token_ids = eos_ids(model, tokenizer)
         self.context_length = context_length(model)
         self.rollout_metrics: dict[str, float] = {}  # the last sampling and no-grad scoring
+        self.licence = source_licence(model)  # passed on to every folder saved from this policy
         self._sampling_calls = 0
         if self.settings.disable_dropout:
             disable_dropout(model)
@@ -344,8 +346,9 @@ class CausalLMPolicy:
         return reference.eval()
 
     def save_pretrained(self, path: str, *, merged: bool = False) -> Any:
-        """Model (or LoRA adapter, plus `merged/` when asked) and tokenizer, as safetensors."""
-        return save_model(self.model, self.tokenizer, path, merged=merged)
+        """Model (or LoRA adapter, plus `merged/` when asked) and tokenizer, as safetensors, with
+        the licence files the model's source folder declares (`grpo.licence`)."""
+        return save_model(self.model, self.tokenizer, path, merged=merged, licence=self.licence)
 
 
 def _generation_metrics(completions: Sequence[Completion]) -> dict[str, float]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from grpo.config import GRPOConfig
 from grpo.distributed import DistributedConfig
+from grpo.licence import read_licence
 from grpo.lm.engines import RolloutSettings
 from grpo.lm.loading import DTYPES, LoraSettings
 from grpo.lm.policy import CausalLMSettings
@@ -283,6 +284,11 @@ def check_combinations(config: RunConfig, *, builtin_task: bool) -> None:
             f"model.path: {path!r} is not a folder; allowed: a local folder written by "
             "save_pretrained (download hub models first, e.g. with `hf download`)"
         )
+    if builtin_task:
+        try:  # the licence files it declares must be there to pass on (grpo.licence)
+            read_licence(path)
+        except ValueError as err:
+            raise ValueError(f"model.path: {err}") from err
     task = config.task
     if task.name == "prompts":
         if task.train_file is None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpo.licence import ModelLicence
 from grpo.run.config import RunConfig
 
 __all__ = ["TaskParts", "load_policy", "load_text_data", "resolve_device", "text_parts"]
@@ -40,6 +41,9 @@ class TaskParts:
     """Writes the trained model to a folder (Hugging Face format for causal LMs)."""
     grad_scaler: Any = None
     """A `torch.amp.GradScaler` for fp16 mixed precision; None = no loss scaling."""
+    licence: ModelLicence | None = None
+    """The licence files the trained model's source folder declares (`grpo.licence`): every
+    checkpoint carries them (`save` writes them into the final model)."""
 
 
 def resolve_device(device: str) -> str:
@@ -107,4 +111,4 @@ def text_parts(
     if config.policy.precision == "fp16-mixed":
         scaler = torch.amp.GradScaler(policy.device.type)
     evaluation = run_evaluation if held_out else None
-    return TaskParts(policy, reward, train, evaluation, headline, save, scaler)
+    return TaskParts(policy, reward, train, evaluation, headline, save, scaler, policy.licence)

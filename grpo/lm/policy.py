@@ -50,6 +50,7 @@ from grpo.lm.loading import (
     LoraSettings,
     apply_lora,
     ensure_pad_token,
+    freeze_parameters,
     is_peft_model,
     load_model_and_tokenizer,
     save_model,
@@ -119,9 +120,13 @@ class CausalLMPolicy:
         dtype: str = "auto",
         device: str | torch.device | None = None,
         rollout: RolloutSettings | None = None,
+        freeze: tuple[str, ...] = (),
     ) -> CausalLMPolicy:
-        """Load model and tokenizer from a folder (or hub id), optionally wrapped with LoRA."""
+        """Load model and tokenizer from a folder (or hub id), optionally wrapped with LoRA;
+        the parameters matching a `freeze` pattern stay as loaded (`freeze_parameters`)."""
         model, tokenizer = load_model_and_tokenizer(path, dtype=dtype, device=device)
+        if freeze:
+            freeze_parameters(model, tuple(freeze), "model.freeze")
         if lora is not None:
             model = apply_lora(model, lora)
         return cls(model, tokenizer, settings, rollout)

@@ -64,6 +64,10 @@ class ModelConfig:
     """cpu, cuda, cuda:N, or auto (cuda when available, else cpu)."""
     lora: LoraSettings | None = None
     """Train LoRA adapters (needs peft) instead of all weights; null = full fine-tuning."""
+    freeze: list[str] = field(default_factory=list)
+    """Parameters kept as loaded, by shell-style pattern on their names (e.g.
+    "model.embed_tokens.*": a tied embedding freezes with its output layer); no gradient and
+    no optimizer state for them."""
     use_reference: bool = True
     """False: never build a reference model (then grpo.kl_coeff must be 0)."""
     save_merged: bool = False

@@ -62,7 +62,7 @@ def load_policy(config: RunConfig) -> Any:
     m = config.model
     return CausalLMPolicy.from_pretrained(
         m.path, config.policy, lora=m.lora, dtype=m.dtype, device=resolve_device(m.device),
-        rollout=config.rollout,
+        rollout=config.rollout, freeze=tuple(m.freeze),
     )  # fmt: skip
 
 

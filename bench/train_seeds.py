@@ -22,6 +22,7 @@ with `common.worker_env` (OpenMP threads that sleep while they wait).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
-from records import REPO, TRAINING_PATH, write_record  # noqa: E402
+from records import REPO, RESULTS, TRAINING_PATH, _git, stale, write_record  # noqa: E402
 
 EVALUATIONS = "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py's output
 TRAINING_KEYS = (  # the step metrics a record summarises (docs/metrics.md)
@@ -56,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depends-on", nargs="*", default=[],
                         help="more files the result depends on (the config, its task module "
                              "and the training path are always included)")
+    parser.add_argument("--add-to", action="store_true",
+                        help="add these seeds' runs to the record NAME already measured: only "
+                             "with its config, overrides and evaluations, none of its seeds, and "
+                             "none of its files changed since (records.stale); each run keeps "
+                             "the commit and date it was measured at")
     parser.add_argument("--runs", default="runs/bench", help="parent of the run directories")
     parser.add_argument("--results", type=Path, default=None, help="record folder (tests)")
     return parser.parse_args(argv)  # fmt: skip
@@ -163,11 +169,54 @@ def config_files(config) -> list[str]:
     return found
 
 
+def earlier_runs(args: argparse.Namespace, folder: Path) -> list[dict]:
+    """The runs of record `args.name` that `--add-to` extends, each stamped with the commit and
+    date it was measured at; a SystemExit says why they cannot be joined."""
+    path = folder / f"{args.name}.json"
+    if not path.is_file():
+        raise SystemExit(f"--add-to: no record {path}")
+    record = json.loads(path.read_text())
+    r = record["results"]
+    same = (r["config"], r["overrides"], r["evaluate_overrides"]) == (
+        args.config, args.overrides, args.evaluate_set)
+    if not same or sorted({e for run in r["runs"] for e in _steps_evaluated(run)}) != sorted(
+            args.evaluate_steps):
+        raise SystemExit(f"--add-to: {args.name} was measured with other settings: "
+                         f"{record['command']}")  # fmt: skip
+    if set(args.seeds) & {run["seed"] for run in r["runs"]}:
+        raise SystemExit(f"--add-to: {args.name} already holds seeds "
+                         f"{sorted({run['seed'] for run in r['runs']})}")  # fmt: skip
+    changed = stale(record)
+    if changed:
+        raise SystemExit(f"--add-to: {', '.join(changed)} changed since {args.name} was "
+                         "measured; measure every seed again")  # fmt: skip
+    return [{"commit": record["commit"], "date": record["date"], **run} for run in r["runs"]]
+
+
+def _steps_evaluated(run: dict) -> list[int]:
+    return [e["step"] for e in run.get("checkpoint_evaluations", [])]
+
+
+def _command(argv: list[str], seeds: list[int]) -> list[str]:
+    """`argv` as one invocation that measures every seed of the record."""
+    out, skip = [], False
+    for arg in argv:
+        if skip and not arg.startswith("--"):
+            continue
+        skip = arg == "--seeds"
+        if arg == "--add-to":
+            continue
+        out += [arg, *map(str, seeds)] if skip else [arg]
+    return out if "--seeds" in argv else [*out, "--seeds", *map(str, seeds)]
+
+
 def main(argv: list[str] | None = None) -> Path:
     from grpo.run.config_files import load_config
 
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    folder = RESULTS if args.results is None else args.results
+    before = earlier_runs(args, folder) if args.add_to else []
     config = load_config(str(REPO / args.config), args.overrides)
     threads = min(config.run.threads or os.cpu_count() or 1, os.cpu_count() or 1)
     runs = []
@@ -180,12 +229,17 @@ def main(argv: list[str] | None = None) -> Path:
             )
         print(f"seed {seed}: {run['wall_seconds']} s, " + " ".join(run["end_of_output"][1:2]))
         runs.append(run)
+    if before:
+        stamp = {"commit": _git("rev-parse", "HEAD"), "date": datetime.datetime.now(
+            datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}  # fmt: skip
+        runs = before + [{**stamp, **run} for run in runs]
+        argv = _command(argv, [run["seed"] for run in runs])
     depends = [args.config, *config_files(config), *TRAINING_PATH, *args.depends_on]
     results = {"config": args.config, "overrides": args.overrides,
                "evaluate_overrides": args.evaluate_set,
                "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"], "runs": runs}  # fmt: skip
-    folder = {} if args.results is None else {"folder": args.results}
-    path = write_record(args.name, results, depends, argv=["bench/train_seeds.py", *argv], **folder)
+    path = write_record(args.name, results, depends, argv=["bench/train_seeds.py", *argv],
+                        folder=folder)  # fmt: skip
     print(f"record: {path}")
     return path
 

@@ -45,6 +45,21 @@ def machine_line(record: dict) -> str:
     return f"{where}; {versions}"
 
 
+def _added(record: dict) -> str:
+    """For a record whose seeds were measured in several invocations (`train_seeds.py
+    --add-to`, each refused unless the files were unchanged): which seed ran when."""
+    runs = (record.get("results") or {}).get("runs") or []
+    if not any(isinstance(run, dict) and "commit" in run for run in runs):
+        return ""
+    when: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]))
+        when.setdefault(key, []).append(str(run["seed"]))
+    parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
+             for (commit, date), seeds in when.items()]  # fmt: skip
+    return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + ".")
+
+
 def source(*records: dict) -> str:
     """Where the block's numbers come from, one line a record, and any staleness."""
     lines = []
@@ -53,7 +68,7 @@ def source(*records: dict) -> str:
         dirty = (f" (with uncommitted changes to {', '.join(f'`{d}`' for d in changed[:3])}"
                  f"{' and more' if len(changed) > 3 else ''})" if changed else "")  # fmt: skip
         lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
-                     f"{record['date']}, on {machine_line(record)}.")  # fmt: skip
+                     f"{record['date']}, on {machine_line(record)}.{_added(record)}")  # fmt: skip
         for check in record.get("verified", []):
             lines.append(f"Checked at commit {check['commit'][:7]}, {check['date']}: seed "
                          f"{check['seed']}'s first {check['steps']} steps replay to the recorded "

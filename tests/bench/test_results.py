@@ -195,3 +195,18 @@ def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
     text = render_results.word_problems("x")({"x": {"results": {"runs": runs}}})
     assert "| mean (± seeds' s.d.) | 64 | | 50.0 % (+20.0 ± 14.1) |" in text
     assert "| 1 | 64 | 100 s | 60.0 % (+30.0) |" in text
+
+
+def test_seeds_added_later_say_when_each_ran(monkeypatch):
+    """A record joined by `train_seeds.py --add-to` names each seed's commit and date."""
+    monkeypatch.setattr(render_results, "stale", lambda record: [])
+    record = {"command": "python bench/train_seeds.py c.yaml --name x --seeds 0 1 2",
+              "commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "dirty": [],
+              "machine": {"cpu": "cpu", "cores": 2, "flags": [], "gpu": None, "packages": {}},
+              "results": {"runs": [
+                  {"seed": 0, "commit": "a" * 40, "date": "2026-12-04 19:00 UTC"},
+                  {"seed": 1, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC"},
+                  {"seed": 2, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC"}]}}  # fmt: skip
+    text = render_results.source(record)
+    assert ("seed 0 at commit aaaaaaa, 2026-12-04 19:00 UTC; seeds 1, 2 at commit bbbbbbb, "
+            "2026-12-05 09:00 UTC.") in text

@@ -150,9 +150,14 @@ def sweep(records: dict, source: Callable[..., str]) -> str:
             f"{100 * statistics.fmean(s['all'] for s in share):.1f} % "
             f"({100 * statistics.fmean(s['last'] for s in share):.1f} %) | {kl:.3f} | {theirs} |"
         )  # fmt: skip
-    note = ("Each beta trains the same seeds from the same model for the same steps; changes are "
-            "held-out after minus before. The chess loop's figures are its own model's after one "
-            "update with its own reward function, quoted from its report.")  # fmt: skip
+    seeds = {beta: [run["seed"] for run in record["results"]["runs"]]
+             for (_, beta), record in zip(SWEEP, used, strict=True)}  # fmt: skip
+    shown = "; ".join(f"beta {beta:g}: seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}"
+                      for beta, s in seeds.items())  # fmt: skip
+    note = (f"Every beta trains from the same model for the same steps ({shown}); changes are "
+            "held-out after minus before, and a seed draws the same positions at every beta. "
+            "The chess loop's figures are its own model's after one update with its own reward "
+            "function, quoted from its report.")  # fmt: skip
     return "\n".join(rows) + "\n\n" + note + "\n\n" + source(*used)
 
 

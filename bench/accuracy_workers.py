@@ -84,8 +84,10 @@ def point(metrics: dict, step: int, seconds: float, cpu: float, key: str = ACCUR
             **extra}  # fmt: skip
 
 
-def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list[dict]:
-    """grpo's own loop (what `grpo train` builds); evaluations outside the clock."""
+def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path,
+             until: int | None = None) -> list[dict]:  # fmt: skip
+    """grpo's own loop (what `grpo train` builds); evaluations outside the clock. `until`:
+    stop after that step (the schedule unchanged), as `bench/verify_record.py` replays."""
     from grpo.cli.tasks import build_task
     from grpo.run.train import build_loop, seed_everything
 
@@ -94,11 +96,12 @@ def grpo_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> lis
     loop, parts = build_loop(config, build_task)
     key = headline(config.task.name)
     points, seconds, cpu, sampling = [], 0.0, 0.0, 0.0
-    for step in range(config.schedule.num_steps + 1):
+    last = config.schedule.num_steps if until is None else min(until, config.schedule.num_steps)
+    for step in range(last + 1):
         if step % eval_every == 0 or step == config.schedule.num_steps:
             points.append({**point(parts.evaluate()[0], step, seconds, cpu, key),
                            "sampling_seconds": sampling})  # fmt: skip
-        if step < config.schedule.num_steps:
+        if step < last:
             start, start_cpu = time.perf_counter(), time.process_time()
             sampling += loop.train_step().get("time/sampling", 0.0)
             seconds += time.perf_counter() - start
@@ -260,9 +263,15 @@ LIBRARIES = {"grpo": grpo_run, "trl": trl_run}
 
 
 def main(argv: list[str]) -> None:
-    """argv: LIBRARY SEED EVAL_EVERY OUT_DIR [override ...]; prints one JSON line last."""
+    """argv: LIBRARY SEED EVAL_EVERY OUT_DIR [override ...] [until=STEP] (grpo only); prints
+    one JSON line last."""
     library, seed, eval_every, out, *overrides = argv
-    points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out))
+    until = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("until=")]
+    overrides = [o for o in overrides if not o.startswith("until=")]
+    if until and library != "grpo":
+        raise SystemExit("until=STEP: grpo runs only")
+    stop = {"until": until[-1]} if until else {}
+    points = LIBRARIES[library](overrides, int(seed), int(eval_every), Path(out), **stop)
     threads = torch.get_num_threads()  # as the run set them
     print(json.dumps({"library": library, "seed": int(seed), "threads": threads,
                       "peak_rss_gib": peak_rss_gib(), "points": points}))  # fmt: skip

@@ -70,10 +70,10 @@ def source(*records: dict) -> str:
         lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
                      f"{record['date']}, on {machine_line(record)}.{_added(record)}")  # fmt: skip
         for check in record.get("verified", []):
-            lines.append(f"Checked at commit {check['commit'][:7]}, {check['date']}: seed "
-                         f"{check['seed']}'s first {check['steps']} steps replay to the recorded "
-                         f"numbers ({check['values']} values; `bench/verify_record.py`); the rest "
-                         f"of the run was not replayed.")  # fmt: skip
+            scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
+            lines.append(f"Checked at commit {check['commit'][:7]}, {check['date']}: {scope} "
+                         f"replay to the recorded numbers ({check['values']} values; "
+                         "`bench/verify_record.py`); the rest was not replayed.")  # fmt: skip
         changed = stale(record)
         if changed:
             shown = ", ".join(f"`{name}`" for name in changed[:6])

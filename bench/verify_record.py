@@ -2,6 +2,7 @@
 
     python bench/verify_record.py chess                 # the first seed's first tenth of steps
     python bench/verify_record.py smollm2_math --seed 0 --steps 4
+    python bench/verify_record.py demo_vs_trl          # grpo's seed 0 to its second evaluation
 
 A record of `bench/train_seeds.py` turns stale when any file of the training path changes
 (`records.stale`), also when the change cannot touch its numbers (a new option that defaults
@@ -13,6 +14,10 @@ stops it, and compares:
 - the held-out evaluation the run made at step 0, every `eval/` value exactly;
 - the mean over those steps of each training metric the record summarises, to the record's
   six decimals (only when the replay covers exactly the record's first tenth).
+A record of `bench/time_to_accuracy.py` (grpo against TRL) replays grpo's run of the seed
+(default 0) to its second evaluation and compares every figure of its first two points
+exactly (their times excluded); TRL's runs are not replayed: they run no code of this
+repository's training path but its tasks, data and rewards, which grpo's replay runs too.
 All equal: the record's digests are rewritten for the current files and a `verified` entry
 (commit, date, seed, steps, values compared) is added, which `bench/render_results.py`
 prints beside the record's own command. Any difference: the values are listed, the record
@@ -108,26 +113,67 @@ def compare(run: dict, rows: list[dict], steps: int) -> tuple[int, list[str]]:
     return compared, differences
 
 
+def replay_curve(record: dict, seed: int) -> tuple[int, int, list[str]]:
+    """A `bench/time_to_accuracy.py` record: grpo's run of `seed` replayed to its second
+    evaluation (the schedule unchanged); (steps, values compared, differences) against the
+    recorded points' figures (times excluded). TRL's runs are not replayed."""
+    import time_to_accuracy
+
+    r = record["results"]
+    args = time_to_accuracy.parse_args(shlex.split(record["command"])[2:])
+    runs = [x for x in r["records"] if x["library"] == "grpo" and int(x["seed"]) == seed]
+    if not runs:
+        raise SystemExit(f"{record['name']}: no grpo run of seed {seed}")
+    recorded = runs[0]["points"][:2]
+    steps = recorded[-1]["step"]
+    overrides = [*r["overrides"], *r["per_library"]["grpo"], f"until={steps}"]
+    with tempfile.TemporaryDirectory(prefix=f"verify-{record['name']}-") as out:
+        done = subprocess.run([sys.executable, str(time_to_accuracy.WORKER), "grpo", str(seed),
+                               str(args.eval_every), out, *overrides], capture_output=True,
+                              text=True, cwd=REPO, env=worker_env())  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{record['name']}: the replay failed:\n{done.stderr[-3000:]}")
+    replayed = json.loads(done.stdout.strip().splitlines()[-1])["points"]
+    timing = {"seconds", "cpu_seconds", "sampling_seconds"}
+    compared, differences = 0, []
+    for want, got in zip(recorded, replayed, strict=False):
+        for key in sorted(set(want) - timing):
+            compared += 1
+            if got.get(key) != want[key]:
+                differences.append(f"step {want['step']} {key}: {want[key]} -> {got.get(key)}")
+    if len(replayed) < len(recorded):
+        differences.append(f"the replay made {len(replayed)} evaluations, not {len(recorded)}")
+    return steps, compared, differences
+
+
 def verify(name: str, seed: int | None = None, steps: int | None = None,
            folder: Path = RESULTS) -> bool:  # fmt: skip
     """Replay record `name`'s start; on a match rewrite its digests and add `verified`."""
     path = folder / f"{name}.json"
     record = json.loads(path.read_text())
-    if "bench/train_seeds.py" not in record["command"]:
-        raise SystemExit(f"{name}: only records of bench/train_seeds.py can be replayed; "
-                         f"measure it again with: {record['command']}")  # fmt: skip
+    curve = "bench/time_to_accuracy.py" in record["command"]
+    if "bench/train_seeds.py" not in record["command"] and not curve:
+        raise SystemExit(f"{name}: only records of bench/train_seeds.py and "
+                         "bench/time_to_accuracy.py can be replayed; measure it again with: "
+                         f"{record['command']}")  # fmt: skip
     dirty = _git("status", "--porcelain", "--", *record["depends_on_paths"])
     if dirty:
         raise SystemExit(f"{name}: commit these files first:\n{dirty}")
-    runs = {run["seed"]: run for run in record["results"]["runs"]}
-    seed = next(iter(runs)) if seed is None else seed
-    if seed not in runs:
-        raise SystemExit(f"{name}: --seed {seed} not in the record; it has {sorted(runs)}")
-    run = runs[seed]
-    steps = steps or max(1, run["steps"] // 10)
-    with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as scratch:
-        rows = replay(record, seed, steps, Path(scratch) / "run")
-    compared, differences = compare(run, rows, steps)
+    if curve:
+        seed = 0 if seed is None else seed
+        steps, compared, differences = replay_curve(record, seed)
+        scope = f"grpo's run of seed {seed}, to its evaluation at step {steps}"
+    else:
+        runs = {run["seed"]: run for run in record["results"]["runs"]}
+        seed = next(iter(runs)) if seed is None else seed
+        if seed not in runs:
+            raise SystemExit(f"{name}: --seed {seed} not in the record; it has {sorted(runs)}")
+        run = runs[seed]
+        steps = steps or max(1, run["steps"] // 10)
+        with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as scratch:
+            rows = replay(record, seed, steps, Path(scratch) / "run")
+        compared, differences = compare(run, rows, steps)
+        scope = f"seed {seed}'s first {steps} steps and its step-0 evaluation"
     if differences or not compared:
         print(f"{name}: the replay differs ({compared} values compared):")
         print("\n".join(f"  {d}" for d in differences) or "  nothing to compare")
@@ -138,11 +184,11 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
     record.setdefault("verified", []).append({
         "commit": _git("rev-parse", "HEAD"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "seed": seed, "steps": steps, "values": compared, "changed": changed,
+        "seed": seed, "steps": steps, "values": compared, "scope": scope, "changed": changed,
     })  # fmt: skip
     path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{name}: seed {seed}'s first {steps} steps replay to the recorded numbers "
-          f"({compared} values); digests rewritten for {len(changed)} changed files")
+    print(f"{name}: {scope} replay to the recorded numbers ({compared} values); digests "
+          f"rewritten for {len(changed)} changed files")
     return True
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+import records  # noqa: E402
+import time_to_accuracy  # noqa: E402
 import train_seeds  # noqa: E402
 import verify_record  # noqa: E402
 
@@ -40,3 +42,28 @@ def test_the_replayed_start_matches_and_a_changed_number_is_refused(tmp_path, ca
     assert not verify_record.verify("tiny", folder=path.parent)
     assert "reward/mean (mean of its first 1 values)" in capsys.readouterr().out
     assert "verified" not in json.loads(path.read_text())  # left as it was: stale
+
+
+def test_a_curve_record_replays_grpos_run_to_its_second_evaluation(tmp_path, capsys):
+    """A `time_to_accuracy.py` record: grpo's run of seed 0 (the demo at a tiny size, six
+    steps, evaluated every three) replays to the same figures at steps 0 and 3; a changed
+    figure at step 3 is refused."""
+    tiny = ["task.train_size=64", "task.eval_size=8", "prompts_per_step=2", "grpo.batch_size=16",
+            "policy.micro_batch_size=16", "schedule.num_steps=6", "run.threads=1"]  # fmt: skip
+    args = time_to_accuracy.parse_args(["--seeds", "1", "--eval-every", "3", "--libraries", "grpo",
+                                        *(a for o in tiny for a in ("--set", o))])  # fmt: skip
+    run = time_to_accuracy.run("grpo", 0, args, tiny)
+    assert [p["step"] for p in run["points"]] == [0, 3, 6]
+    record = {"name": "curve", "command": "python bench/time_to_accuracy.py --eval-every 3",
+              "commit": "x", "dirty": [], "depends_on_paths": ["configs/demo.yaml"],
+              "hashing": "meaning", "depends_on": records.file_hashes(["configs/demo.yaml"]),
+              "results": {"overrides": tiny, "per_library": {"grpo": []}, "records": [run]}}  # fmt: skip
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(record))
+    assert verify_record.verify("curve", folder=tmp_path)
+    check = json.loads(path.read_text())["verified"][0]
+    assert check["steps"] == 3 and check["values"] == 2 * (len(run["points"][0]) - 3)
+    record["results"]["records"][0]["points"][1]["accuracy"] += 0.125
+    path.write_text(json.dumps(record))
+    assert not verify_record.verify("curve", folder=tmp_path)
+    assert "step 3 accuracy" in capsys.readouterr().out

@@ -99,6 +99,8 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(
             f"model path {path!r} does not exist; give a folder written by save_pretrained"
         )
+    if _looks_local(path):
+        _check_folder(Path(path))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
@@ -108,6 +110,24 @@ def load_model_and_tokenizer(
         model.to(device)
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+"""One of these makes a folder's tokenizer loadable (a fast, sentencepiece or BPE tokenizer)."""
+
+
+def _check_folder(folder: Path) -> None:
+    """A local model folder without config.json or any tokenizer file: one FileNotFoundError
+    naming what is missing, before transformers' longer messages."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model path {str(folder)!r} is a file; give the folder "
+                                "save_pretrained wrote")  # fmt: skip
+    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"tokenizer file (one of {', '.join(TOKENIZER_FILES)})")
+    if missing:
+        raise FileNotFoundError(f"model path {str(folder)!r} has no {' and no '.join(missing)}; "
+                                "give a folder written by save_pretrained (model and tokenizer)")
 
 
 def ensure_pad_token(tokenizer: Any) -> None:

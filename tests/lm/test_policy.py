@@ -300,6 +300,14 @@ def test_bad_inputs_fail_clearly(tiny_lm_dir, tmp_path):
         policy.generate_actions(["say a", " ".join(["a"] * 70)], 2)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         CausalLMPolicy.from_pretrained(str(tmp_path / "no-such-model"))
+    half = tmp_path / "weights-only"  # a folder missing what save_pretrained writes
+    half.mkdir()
+    (half / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer file \(one of tokenizer.json"):
+        CausalLMPolicy.from_pretrained(str(half))
+    (half / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has no config.json and no tokenizer file"):
+        CausalLMPolicy.from_pretrained(str(half))
     with pytest.warns(UserWarning, match="no pad token"):
         unpadded = CausalLMPolicy.from_pretrained(
             str(tiny_lm_dir("llama", with_pad=False)), policy.settings

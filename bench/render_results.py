@@ -51,13 +51,29 @@ def _added(record: dict) -> str:
     runs = (record.get("results") or {}).get("runs") or []
     if not any(isinstance(run, dict) and "commit" in run for run in runs):
         return ""
-    when: dict[tuple[str, str], list[str]] = {}
+    when: dict[tuple[str, str, str], list[str]] = {}
     for run in runs:
-        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]))
+        cpu = run.get("machine", record["machine"])["cpu"]
+        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]), cpu)
         when.setdefault(key, []).append(str(run["seed"]))
+    several = len({cpu for _, _, cpu in when}) > 1
     parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
-             for (commit, date), seeds in when.items()]  # fmt: skip
+             + (f", on {cpu}" if several else "") for (commit, date, cpu), seeds in when.items()]
     return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + ".")
+
+
+def _checked(check: dict) -> str:
+    """One `bench/verify_record.py` check of a record: what was replayed, against what."""
+    scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
+    head = f"Checked at commit {check['commit'][:7]}, {check['date']}: {scope}"
+    tail = f"({check['values']} values; `bench/verify_record.py`); the rest was not replayed."
+    against = check.get("against", "record")
+    if against == "record":
+        return f"{head} replay to the recorded numbers {tail}"
+    return (f"{head}, replayed on {against['cpu']} with this commit's code and with the measured "
+            f"commit's ({against['commit'][:7]}), give the same numbers {tail} The measuring "
+            "machine rounds otherwise, so the replay here is compared with the measured code's, "
+            "not with the record's numbers.")
 
 
 def source(*records: dict) -> str:
@@ -70,10 +86,7 @@ def source(*records: dict) -> str:
         lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
                      f"{record['date']}, on {machine_line(record)}.{_added(record)}")  # fmt: skip
         for check in record.get("verified", []):
-            scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
-            lines.append(f"Checked at commit {check['commit'][:7]}, {check['date']}: {scope} "
-                         f"replay to the recorded numbers ({check['values']} values; "
-                         "`bench/verify_record.py`); the rest was not replayed.")  # fmt: skip
+            lines.append(_checked(check))
         changed = stale(record)
         if changed:
             shown = ", ".join(f"`{name}`" for name in changed[:6])

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
-from records import REPO, RESULTS, TRAINING_PATH, _git, stale, write_record  # noqa: E402
+from records import REPO, RESULTS, TRAINING_PATH, _git, machine, stale, write_record  # noqa: E402
 
 EVALUATIONS = "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py's output
 TRAINING_KEYS = (  # the step metrics a record summarises (docs/metrics.md)
@@ -190,7 +190,8 @@ def earlier_runs(args: argparse.Namespace, folder: Path) -> list[dict]:
     if changed:
         raise SystemExit(f"--add-to: {', '.join(changed)} changed since {args.name} was "
                          "measured; measure every seed again")  # fmt: skip
-    return [{"commit": record["commit"], "date": record["date"], **run} for run in r["runs"]]
+    return [{"commit": record["commit"], "date": record["date"], "machine": record["machine"], **run}
+            for run in r["runs"]]  # fmt: skip
 
 
 def _steps_evaluated(run: dict) -> list[int]:
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> Path:
         runs.append(run)
     if before:
         stamp = {"commit": _git("rev-parse", "HEAD"), "date": datetime.datetime.now(
-            datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}  # fmt: skip
+            datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}  # fmt: skip
         runs = before + [{**stamp, **run} for run in runs]
         argv = _command(argv, [run["seed"] for run in runs])
     depends = [args.config, *config_files(config), *TRAINING_PATH, *args.depends_on]

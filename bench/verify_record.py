@@ -31,6 +31,7 @@ not replay the whole run. The rendered line says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import shlex
@@ -44,11 +45,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_seeds  # noqa: E402
 from common import worker_env  # noqa: E402
-from records import REPO, RESULTS, _git, file_hashes, stale  # noqa: E402
+from records import REPO, RESULTS, _git, file_hashes, machine, stale  # noqa: E402
 
 
-def replay(record: dict, seed: int, steps: int, run_dir: Path, timeout: float = 3600.0
-           ) -> list[dict]:  # fmt: skip
+def replay(record: dict, seed: int, steps: int, run_dir: Path, root: Path = REPO,
+           timeout: float = 3600.0) -> list[dict]:  # fmt: skip
     """The metric rows of the record's command for `seed`, stopped once each training metric
     the record summarises is logged `steps` times (a metric can be missing from a step, as
     the losses from the first) and at least `steps` steps ran."""
@@ -57,8 +58,8 @@ def replay(record: dict, seed: int, steps: int, run_dir: Path, timeout: float = 
     cmd = [sys.executable, "-m", "grpo", "train", args.config, "--set", f"seed={seed}",
            "--set", f"run.dir={run_dir}"] + [a for o in args.overrides for a in ("--set", o)]  # fmt: skip
     metrics = run_dir / "metrics.jsonl"
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=worker_env())  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(root))  # fmt: skip
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -113,10 +114,10 @@ def compare(run: dict, rows: list[dict], steps: int) -> tuple[int, list[str]]:
     return compared, differences
 
 
-def replay_curve(record: dict, seed: int) -> tuple[int, int, list[str]]:
-    """A `bench/time_to_accuracy.py` record: grpo's run of `seed` replayed to its second
-    evaluation (the schedule unchanged); (steps, values compared, differences) against the
-    recorded points' figures (times excluded). TRL's runs are not replayed."""
+def replay_curve(record: dict, seed: int, root: Path = REPO) -> tuple[list[dict], list[dict]]:
+    """A `bench/time_to_accuracy.py` record: grpo's run of `seed` replayed (this repository's
+    worker, the `grpo` package of `root`) to its second evaluation, the schedule unchanged;
+    (the recorded points, the replayed points). TRL's runs are not replayed."""
     import time_to_accuracy
 
     r = record["results"]
@@ -125,15 +126,19 @@ def replay_curve(record: dict, seed: int) -> tuple[int, int, list[str]]:
     if not runs:
         raise SystemExit(f"{record['name']}: no grpo run of seed {seed}")
     recorded = runs[0]["points"][:2]
-    steps = recorded[-1]["step"]
-    overrides = [*r["overrides"], *r["per_library"]["grpo"], f"until={steps}"]
+    overrides = [*r["overrides"], *r["per_library"]["grpo"], f"until={recorded[-1]['step']}"]
     with tempfile.TemporaryDirectory(prefix=f"verify-{record['name']}-") as out:
         done = subprocess.run([sys.executable, str(time_to_accuracy.WORKER), "grpo", str(seed),
                                str(args.eval_every), out, *overrides], capture_output=True,
-                              text=True, cwd=REPO, env=worker_env())  # fmt: skip
+                              text=True, cwd=root, env=_env(root))  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{record['name']}: the replay failed:\n{done.stderr[-3000:]}")
-    replayed = json.loads(done.stdout.strip().splitlines()[-1])["points"]
+    return recorded, json.loads(done.stdout.strip().splitlines()[-1])["points"]
+
+
+def compare_points(recorded: list[dict], replayed: list[dict]) -> tuple[int, list[str]]:
+    """Every figure of the recorded evaluation points against the replayed ones (times
+    excluded): (values compared, differences)."""
     timing = {"seconds", "cpu_seconds", "sampling_seconds"}
     compared, differences = 0, []
     for want, got in zip(recorded, replayed, strict=False):
@@ -143,7 +148,45 @@ def replay_curve(record: dict, seed: int) -> tuple[int, int, list[str]]:
                 differences.append(f"step {want['step']} {key}: {want[key]} -> {got.get(key)}")
     if len(replayed) < len(recorded):
         differences.append(f"the replay made {len(replayed)} evaluations, not {len(recorded)}")
-    return steps, compared, differences
+    return compared, differences
+
+
+def _env(root: Path) -> dict[str, str]:
+    """A replay's environment: `worker_env`, importing `grpo` from `root`."""
+    return {**worker_env(), "PYTHONPATH": str(root)}
+
+
+def _as_run(run: dict, rows: list[dict], steps: int) -> dict:
+    """A replay's rows in the shape of a record's run, for `compare`: its step-0 evaluation
+    and the means `compare` takes of the training metrics of `run`."""
+    step_rows = [row for row in rows if "time/step" in row]
+    training = {}
+    for key in run["training"]:
+        values = [row[key] for row in step_rows if key in row][:steps]
+        training[key] = {"first": round(statistics.fmean(values), 6) if values else None}
+    return {"steps": run["steps"], "evaluations": train_seeds._evaluations(rows),
+            "training": training}  # fmt: skip
+
+
+@contextlib.contextmanager
+def checkout(commit: str):
+    """A temporary worktree of `commit` (the code a record was measured with)."""
+    with tempfile.TemporaryDirectory(prefix="verify-checkout-") as parent:
+        tree = Path(parent) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO,
+                       check=True, capture_output=True)  # fmt: skip
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO,
+                           check=False, capture_output=True)  # fmt: skip
+
+
+def other_machine(record: dict) -> bool:
+    """Whether `record` was measured on another kind of CPU (its arithmetic may round
+    otherwise: a replay here cannot give its numbers to the last bit)."""
+    here = machine()
+    return (record["machine"]["cpu"], record["machine"]["flags"]) != (here["cpu"], here["flags"])
 
 
 def verify(name: str, seed: int | None = None, steps: int | None = None,
@@ -159,9 +202,16 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
     dirty = _git("status", "--porcelain", "--", *record["depends_on_paths"])
     if dirty:
         raise SystemExit(f"{name}: commit these files first:\n{dirty}")
+    differential = other_machine(record)
+    commit = record["commit"]
     if curve:
         seed = 0 if seed is None else seed
-        steps, compared, differences = replay_curve(record, seed)
+        recorded, now = replay_curve(record, seed)
+        steps = recorded[-1]["step"]
+        if differential:  # the record's code replayed here stands in for the record
+            with checkout(record["commit"]) as tree:
+                _, recorded = replay_curve(record, seed, tree)
+        compared, differences = compare_points(recorded, now)
         scope = f"grpo's run of seed {seed}, to its evaluation at step {steps}"
     else:
         runs = {run["seed"]: run for run in record["results"]["runs"]}
@@ -169,9 +219,16 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
         if seed not in runs:
             raise SystemExit(f"{name}: --seed {seed} not in the record; it has {sorted(runs)}")
         run = runs[seed]
+        commit = run.get("commit", record["commit"])  # a seed added later (--add-to)
+        differential = other_machine({**record, **({"machine": run["machine"]}
+                                                   if "machine" in run else {})})  # fmt: skip
         steps = steps or max(1, run["steps"] // 10)
         with tempfile.TemporaryDirectory(prefix=f"verify-{name}-") as scratch:
             rows = replay(record, seed, steps, Path(scratch) / "run")
+            if differential:
+                with checkout(commit) as tree:
+                    run = _as_run(run, replay(record, seed, steps, Path(scratch) / "old", tree),
+                                  steps)  # fmt: skip
         compared, differences = compare(run, rows, steps)
         scope = f"seed {seed}'s first {steps} steps and its step-0 evaluation"
     if differences or not compared:
@@ -185,10 +242,13 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
         "commit": _git("rev-parse", "HEAD"),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "seed": seed, "steps": steps, "values": compared, "scope": scope, "changed": changed,
+        # on another machine: this commit's replay against the measured commit's, both here
+        "against": {"commit": commit, "cpu": machine()["cpu"]} if differential else "record",
     })  # fmt: skip
     path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{name}: {scope} replay to the recorded numbers ({compared} values); digests "
-          f"rewritten for {len(changed)} changed files")
+    against = "the measured commit's replay here" if differential else "the recorded numbers"
+    print(f"{name}: {scope} replay to {against} ({compared} values); digests rewritten for "
+          f"{len(changed)} changed files")
     return True
 
 

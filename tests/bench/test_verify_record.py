@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import records  # noqa: E402
+import render_results  # noqa: E402
 import time_to_accuracy  # noqa: E402
 import train_seeds  # noqa: E402
 import verify_record  # noqa: E402
@@ -56,6 +57,7 @@ def test_a_curve_record_replays_grpos_run_to_its_second_evaluation(tmp_path, cap
     assert [p["step"] for p in run["points"]] == [0, 3, 6]
     record = {"name": "curve", "command": "python bench/time_to_accuracy.py --eval-every 3",
               "commit": "x", "dirty": [], "depends_on_paths": ["configs/demo.yaml"],
+              "machine": records.machine(),
               "hashing": "meaning", "depends_on": records.file_hashes(["configs/demo.yaml"]),
               "results": {"overrides": tiny, "per_library": {"grpo": []}, "records": [run]}}  # fmt: skip
     path = tmp_path / "curve.json"
@@ -67,3 +69,20 @@ def test_a_curve_record_replays_grpos_run_to_its_second_evaluation(tmp_path, cap
     path.write_text(json.dumps(record))
     assert not verify_record.verify("curve", folder=tmp_path)
     assert "step 3 accuracy" in capsys.readouterr().out
+
+
+def test_a_record_from_another_machine_is_checked_against_its_own_commit_replayed_here(
+        tmp_path, monkeypatch):  # fmt: skip
+    """Measured elsewhere (its numbers rounded otherwise): the replay at this commit is
+    compared with a replay of the record's commit on this machine, not with the record, and
+    the check says so."""
+    path = _record(tmp_path)
+    record = json.loads(path.read_text())
+    record["results"]["runs"][0]["training"]["reward/mean"]["first"] += 0.001  # elsewhere's
+    path.write_text(json.dumps(record))
+    monkeypatch.setattr(verify_record, "other_machine", lambda record: True)
+    assert verify_record.verify("tiny", folder=path.parent)
+    check = json.loads(path.read_text())["verified"][0]
+    assert check["against"]["commit"] == record["commit"] and check["values"] > 0
+    rendered = render_results._checked(check)
+    assert "with this commit's code and with the measured commit's" in rendered

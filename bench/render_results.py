@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
+import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
@@ -404,6 +405,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
     "gpu-check": gpu_check,
+    "roofline": functools.partial(roofline_results.render, source=source),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),

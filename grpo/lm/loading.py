@@ -99,7 +99,7 @@ def load_model_and_tokenizer(
         raise FileNotFoundError(
             f"model path {path!r} does not exist; give a folder written by save_pretrained"
         )
-    if _looks_local(path):
+    if _looks_local(path) or os.path.exists(path):  # transformers reads an existing path locally
         _check_folder(Path(path))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -114,15 +114,19 @@ def load_model_and_tokenizer(
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 """One of these makes a folder's tokenizer loadable (a fast, sentencepiece or BPE tokenizer)."""
+CONFIG_FILES = ("config.json", "adapter_config.json")
+"""One of these makes a folder's model loadable: a model's config, or a LoRA adapter's (the
+`final/` of a LoRA run), which names its base model."""
 
 
 def _check_folder(folder: Path) -> None:
-    """A local model folder without config.json or any tokenizer file: one FileNotFoundError
-    naming what is missing, before transformers' longer messages."""
+    """A local model folder without a config (`CONFIG_FILES`) or any tokenizer file: one
+    FileNotFoundError naming what is missing, before transformers' longer messages."""
     if not folder.is_dir():
         raise FileNotFoundError(f"model path {str(folder)!r} is a file; give the folder "
                                 "save_pretrained wrote")  # fmt: skip
-    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    has_config = any((folder / name).is_file() for name in CONFIG_FILES)
+    missing = [] if has_config else ["config.json (nor a LoRA adapter's adapter_config.json)"]
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         missing.append(f"tokenizer file (one of {', '.join(TOKENIZER_FILES)})")
     if missing:

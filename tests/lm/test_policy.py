@@ -306,7 +306,7 @@ def test_bad_inputs_fail_clearly(tiny_lm_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"has no tokenizer file \(one of tokenizer.json"):
         CausalLMPolicy.from_pretrained(str(half))
     (half / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="has no config.json and no tokenizer file"):
+    with pytest.raises(FileNotFoundError, match=r"has no config.json \(nor a LoRA adapter's adapter_config.json\) and no tokenizer"):
         CausalLMPolicy.from_pretrained(str(half))
     with pytest.warns(UserWarning, match="no pad token"):
         unpadded = CausalLMPolicy.from_pretrained(

@@ -14,7 +14,8 @@ rewards `grpo.cli.tasks.build_task` builds from the config). Each problem is ask
 prompt forms (`FORMS`): the task's full scaffold (the instruction with its "Answer: N"
 request, one worked example, the problem); the same without the worked example (the
 instruction only); the bare question; and, on request, the worked example without the
-instruction. The problems are the first `--eval-size` of each held-out split the task
+instruction. A config of the plain form (`task.options.prompt_form: plain`, for a base
+model) has every form written as plain text, as its task writes its own. The problems are the first `--eval-size` of each held-out split the task
 evaluates (at 200, the full form's figures are the run's own evaluation). `heldout_bare` is
 left out by default: its problems are drawn as `heldout_phrasings`' are, and the bare form
 asks them that way on the very problems the other forms ask.
@@ -32,6 +33,7 @@ one checkpoint. Replies to the full scaffold are short; the others often run to 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import re
@@ -48,6 +50,7 @@ from records import REPO, RESULTS, TRAINING_PATH, write_record  # noqa: E402
 from train_seeds import config_files  # noqa: E402
 from word_problem_cells import tabulate  # noqa: E402
 
+from grpo.lm.prompt_forms import in_form  # noqa: E402
 from grpo.tasks import word_problems as wp  # noqa: E402
 
 FORMS: dict[str, Callable[[str], list[dict[str, str]]]] = {
@@ -61,9 +64,11 @@ DEFAULT_FORMS = ("full", "no_example", "bare")
 DEFAULT_SPLITS = ("heldout_numbers", "heldout_phrasings")
 
 
-def with_form(rows: Sequence[dict], form: str) -> list[dict]:
-    """The rows asked in `form` (the problem's text is its prompt's last message)."""
-    return [{**row, "prompt": FORMS[form](row["prompt"][-1]["content"])} for row in rows]
+def with_form(rows: Sequence[dict], form: str, prompt_form: str = "chat") -> list[dict]:
+    """Rows of the chat form asked in `form` (the problem's text is its prompt's last message),
+    written as the config's `prompt_form` writes them (plain: `grpo.lm.prompt_forms`)."""
+    return [{**row, "prompt": in_form(FORMS[form](row["prompt"][-1]["content"]), prompt_form)}
+            for row in rows]  # fmt: skip
 
 
 def greedy_replies(policy: Any, reward: Any, rows: Sequence[dict], batch_size: int) -> list[str]:
@@ -129,9 +134,11 @@ def measure(
     forms: Sequence[str],
     models: dict[str, Path | None],
     batch_size: int,
+    prompt_form: str = "chat",
 ) -> tuple[dict, dict[str, float]]:
-    """replies[model][split][form] (one greedy reply a row) and each model's seconds; a
-    model's checkpoint folder (None: the policy as built) is loaded before it answers."""
+    """replies[model][split][form] (one greedy reply a row of the chat form, asked in
+    `prompt_form`) and each model's seconds; a model's checkpoint folder (None: the policy as
+    built) is loaded before it answers."""
     replies: dict[str, dict[str, dict[str, list[str]]]] = {}
     seconds = {}
     for label, folder in models.items():
@@ -140,7 +147,7 @@ def measure(
             load_checkpoint(parts.policy, folder)
         replies[label] = {split: {} for split in rows}
         for (split, split_rows), form in itertools.product(rows.items(), forms):
-            asked = with_form(split_rows, form)
+            asked = with_form(split_rows, form, prompt_form)
             texts = greedy_replies(parts.policy, parts.reward, asked, batch_size)
             replies[label][split][form] = texts
             right = wp.correct([], texts, [row["answer"] for row in split_rows])
@@ -182,11 +189,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     extra = ("answer_check", "format_weight")
     settings, _ = _options(wp.WordProblemsConfig, config.task.options, extra)
-    rows = {split: wp.generate_dataset(args.eval_size, split=split, seed=0, config=settings)
+    chat = dataclasses.replace(settings, prompt_form="chat")  # messages, to take the text from
+    rows = {split: wp.generate_dataset(args.eval_size, split=split, seed=0, config=chat)
             for split in args.splits}  # the task's own held-out rows: seed 0  # fmt: skip
     parts = build_task(config)
     batch = config.evaluation.batch_size
-    replies, seconds = measure(parts, rows, args.forms, {"before": None, **afters}, batch)
+    models = {"before": None, **afters}
+    replies, seconds = measure(parts, rows, args.forms, models, batch, settings.prompt_form)
     paths = {"before": config.model.path, **{k: str(v) for k, v in afters.items()}}
     results = {
         "config": args.config, "overrides": args.overrides, "eval_size": args.eval_size,

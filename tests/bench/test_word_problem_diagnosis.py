@@ -20,7 +20,8 @@ import word_problem_results  # noqa: E402
 from evaluate_checkpoints import load_checkpoint  # noqa: E402
 from word_problem_cells import cells, changes, example_overlap, groups, tabulate  # noqa: E402
 
-from grpo.tasks.word_problems import generate_dataset  # noqa: E402
+from grpo.lm.prompt_forms import plain_text  # noqa: E402
+from grpo.tasks.word_problems import WordProblemsConfig, generate_dataset  # noqa: E402
 
 # ---- the cells, by hand ----
 ROWS = [  # two share the equation "7+5"
@@ -125,6 +126,22 @@ def test_prompt_forms_are_the_tasks_own_prompts():
     assert diagnosis.with_form(bare, "example_only")[0]["prompt"] == full[1:]
 
 
+def test_prompt_forms_follow_the_configs_plain_form():
+    """In the plain form each form is its chat messages as plain text: the full form is the
+    plain task's own prompt, the bare form the plain bare split's."""
+    plain = WordProblemsConfig(prompt_form="plain")
+    numbers = generate_dataset(3, split="heldout_numbers")
+    bare = generate_dataset(3, split="heldout_bare")
+    assert diagnosis.with_form(numbers, "full", "plain") == generate_dataset(
+        3, split="heldout_numbers", config=plain
+    )
+    assert diagnosis.with_form(bare, "bare", "plain") == generate_dataset(
+        3, split="heldout_bare", config=plain
+    )
+    no_example = diagnosis.with_form(bare, "no_example", "plain")[0]["prompt"]
+    assert no_example == plain_text(diagnosis.with_form(bare, "no_example")[0]["prompt"])
+
+
 # ---- end to end, on a tiny model ----
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
@@ -203,6 +220,35 @@ def test_the_script_measures_what_the_tasks_evaluation_measures(tmp_path, tiny_l
             for form in diagnosis.DEFAULT_FORMS:
                 n = results["cells"][model][split][form]["all"]["n"]
                 assert n == (6 if split == "pooled" else 3)
+
+
+def test_a_plain_form_config_is_asked_in_plain_text(tmp_path):
+    """A base model's config (prompt_form: plain, no chat template): the script runs, and the
+    full form's replies are the task's own greedy evaluation's, reply by reply."""
+    from tiny_models import build_tiny_causal_lm
+
+    from grpo.cli.tasks import build_task
+    from grpo.run.config_files import load_config
+
+    model = build_tiny_causal_lm(tmp_path / "gemma3", "gemma3", max_positions=1024)
+    config = tmp_path / "plain.yaml"
+    config.write_text(textwrap.dedent(f"""
+        model: {{path: {model}, device: cpu, use_reference: false}}
+        task: {{name: word_problems, train_size: 8, eval_size: 2, options: {{prompt_form: plain}}}}
+        grpo: {{kl_coeff: 0.0}}
+        policy: {{generation: {{max_new_tokens: 3}}}}
+        evaluation: {{modes: [greedy], num_logged_samples: 2}}
+        run: {{threads: 1, dir: {tmp_path / "run"}}}
+    """))  # fmt: skip
+    results = diagnosis.main([str(config), "--eval-size", "2", "--completions",
+                              str(tmp_path / "replies.jsonl")])  # fmt: skip
+    assert results["generations"] == 1 * 2 * 3 * 2
+    lines = [json.loads(line) for line in (tmp_path / "replies.jsonl").read_text().splitlines()]
+    _, samples = build_task(load_config(str(config), [])).evaluate()
+    for split in diagnosis.DEFAULT_SPLITS:
+        own = [s["completion"] for s in samples if s["split"] == split]
+        asked = [x["completion"] for x in lines if (x["split"], x["form"]) == (split, "full")]
+        assert asked == own, split
 
 
 # ---- the tables ----

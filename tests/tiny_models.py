@@ -51,6 +51,7 @@ __all__ = [
     "WORDS",
     "build_tiny_causal_lm",
     "build_tokenizer",
+    "gemma3_config",
     "load_tiny_causal_lm",
     "random_words",
     "supervised_warm_start",
@@ -125,14 +126,22 @@ def build_tokenizer(
     return tokenizer
 
 
+def gemma3_config(**values) -> Gemma3TextConfig:
+    """The tests' tiny Gemma 3 shape (hidden 32, MLP 64, 4 query heads over 2 key-value heads
+    of 8), `values` setting the rest: the "gemma3" model here and the lean engine's tests'.
+    (tests/lm/tiny_gemma.py's GGUF model has its own shape: quantization blocks of 32.)"""
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 8}  # fmt: skip
+    return Gemma3TextConfig(**{**shape, **values})
+
+
 def _config(
     arch: str, vocab_size: int, pad_id: int | None, eos_id: int, bos_id: int, max_positions: int
 ):
     special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": bos_id}
     if arch == "gemma3":  # Gemma 3's own head_dim and query scaling, two window layers per full
-        return Gemma3TextConfig(
-            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+        return gemma3_config(
+            vocab_size=vocab_size, num_hidden_layers=3, query_pre_attn_scalar=8,
             sliding_window=SLIDING_WINDOW, max_position_embeddings=max_positions,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"], **special,
         )  # fmt: skip

@@ -5,7 +5,9 @@ The reference is independent of the cutting code: a completion sampled with a st
 the completion sampled without it, cut after the first token at which its decoded text holds
 the stop string (greedy decoding draws the same tokens either way). The base-model Gemma 3
 (`tiny_models.BASE_ARCHS`: sliding-window layers, no chat template) samples with the
-transformers engine; the lean engine runs the Llama-family models only.
+transformers engine; the lean engine samples the tiny Llama here, since it refuses prompt +
+completion lengths past the tiny Gemma 3's 8-token window (tests/lm/engines/test_lean.py
+runs its stop string on a Gemma 3 of a wider window).
 """
 
 import pytest

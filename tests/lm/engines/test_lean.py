@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_models import build_tokenizer, load_tiny_causal_lm
-from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig
+from tiny_models import build_tokenizer, gemma3_config, load_tiny_causal_lm
+from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, MistralConfig
 
 from grpo.config import GRPOConfig
 from grpo.functional.sampling import choose_tokens
@@ -36,11 +36,9 @@ def tiny_gemma3(window=40, layer_types=(SLIDING, FULL, SLIDING, FULL), **config)
     soft-capped at 3) and the tests' tokenizer. Its norms' weights are drawn too (Gemma's start
     at 0, i.e. a scale of 1), and its weights are large enough for logits of a few units."""
     tokenizer = build_tokenizer()
-    config = Gemma3TextConfig(**{
-        "vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": len(layer_types), "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 16,
-        "sliding_window": window, "layer_types": list(layer_types),
+    config = gemma3_config(**{
+        "vocab_size": len(tokenizer), "num_hidden_layers": len(layer_types),
+        "query_pre_attn_scalar": 16, "sliding_window": window, "layer_types": list(layer_types),
         "final_logit_softcapping": 3.0, "initializer_range": 0.2,
         "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": tokenizer.eos_token_id, **config,

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from grpo.cli import main as grpo
 from grpo.lm.loading import freeze_parameters
 from grpo.lm.policy import CausalLMPolicy
+from grpo.run.rundir import read_checkpoint
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "grpo" / "assets" / "arith-tiny"
 
@@ -36,12 +37,18 @@ def _train(tmp_path: Path, freeze: str) -> Path:
 
 
 def test_a_frozen_tied_embedding_leaves_training_exactly_as_loaded(tmp_path):
+    """The embedding (tied to the output layer) ends as loaded, every other weight moved, and
+    the checkpoint's Adam state covers exactly the other weights."""
     before = load_file(DEMO_MODEL / "model.safetensors")
-    after = load_file(_train(tmp_path, '["model.embed_tokens.*"]') / "final" / "model.safetensors")
+    run = _train(tmp_path, '["model.embed_tokens.*"]')
+    after = load_file(run / "final" / "model.safetensors")
     embedding = "model.embed_tokens.weight"
     assert torch.equal(after[embedding], before[embedding])  # also the tied output layer
     changed = [k for k in before if k != embedding and not torch.equal(after[k], before[k])]
     assert len(changed) == len(before) - 1  # every other weight took the updates
+    optimizer = read_checkpoint(run / "checkpoints" / "step-000002")["trainer"]["optimizer"]
+    shapes = sorted(tuple(state["exp_avg"].shape) for state in optimizer["state"].values())
+    assert shapes == sorted(tuple(before[k].shape) for k in before if k != embedding)
 
 
 def test_only_the_unfrozen_parameters_are_trainable():

@@ -13,10 +13,11 @@ keys and values kept in a cache allocated once per rollout. What `generate`
 also does per token and this loop does not: build a fresh attention mask,
 concatenate the cache, compute the rotary angles, run stopping-criteria and
 logits-processor objects, keep finished rows in the batch.
-On the benchmark's small model this makes a rollout about 1.7x faster than
-`generate` (docs/performance.md); at Gemma 3's vocabulary of 262,144 the output
-layer, the same in both, is most of each token's work and the gain is small
-(`bench/vllm_rollout.py --models gemma`). On a GPU, vLLM is the engine to use.
+On small models this makes a rollout faster than `generate` (`bench/profile_step.py
+--engine lean` and `bench/vllm_rollout.py` time both); at Gemma 3's vocabulary of
+262,144 the output layer, the same in both, is most of each token's work, so the
+loop gains less there (`bench/vllm_rollout.py --models gemma`). On a GPU, vLLM is
+the engine to use.
 
 Choices:
 - Identical prompt rows (each prompt arrives G times) are prefilled once:

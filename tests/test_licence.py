@@ -75,3 +75,16 @@ def test_a_declared_name_must_be_a_plain_file_of_its_own(tmp_path, name):
     )
     with pytest.raises(ValueError, match="not a plain file name of its own"):
         read_licence(tmp_path)
+
+
+def test_task_parts_of_your_own_take_the_policys_licence():
+    """A task factory that builds TaskParts without `licence` still gets its checkpoints the
+    policy's licence files; one that passes its own keeps it; a policy without one, None."""
+    from types import SimpleNamespace
+
+    from grpo.run.parts import TaskParts
+
+    other = ModelLicence("other", "example.org", {"NOTICE": b"other\n"}, ())
+    assert TaskParts(SimpleNamespace(licence=LICENCE), None, []).licence is LICENCE
+    assert TaskParts(SimpleNamespace(licence=LICENCE), None, [], licence=other).licence is other
+    assert TaskParts(SimpleNamespace(), None, []).licence is None

@@ -43,7 +43,12 @@ class TaskParts:
     """A `torch.amp.GradScaler` for fp16 mixed precision; None = no loss scaling."""
     licence: ModelLicence | None = None
     """The licence files the trained model's source folder declares (`grpo.licence`): every
-    checkpoint carries them (`save` writes them into the final model)."""
+    checkpoint carries them (`save` writes them into the final model). None: the policy's own
+    `licence`, if it has one (a task factory of your own need not pass it)."""
+
+    def __post_init__(self) -> None:
+        if self.licence is None:
+            self.licence = getattr(self.policy, "licence", None)
 
 
 def resolve_device(device: str) -> str:

@@ -235,7 +235,10 @@ def main(argv: list[str] | None = None) -> Path:
             datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}  # fmt: skip
         runs = before + [{**stamp, **run} for run in runs]
         argv = _command(argv, [run["seed"] for run in runs])
-    depends = [args.config, *config_files(config), *TRAINING_PATH, *args.depends_on]
+        earlier = json.loads((folder / f"{args.name}.json").read_text())["depends_on_paths"]
+        args.depends_on += [p for p in earlier if p not in args.depends_on]  # kept, none lost
+    depends = list(dict.fromkeys([args.config, *config_files(config), *TRAINING_PATH,
+                                  *args.depends_on]))  # fmt: skip
     results = {"config": args.config, "overrides": args.overrides,
                "evaluate_overrides": args.evaluate_set,
                "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"], "runs": runs}  # fmt: skip

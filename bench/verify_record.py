@@ -57,26 +57,30 @@ def replay(record: dict, seed: int, steps: int, run_dir: Path, root: Path = REPO
     args = train_seeds.parse_args(shlex.split(record["command"])[2:])
     cmd = [sys.executable, "-m", "grpo", "train", args.config, "--set", f"seed={seed}",
            "--set", f"run.dir={run_dir}"] + [a for o in args.overrides for a in ("--set", o)]  # fmt: skip
-    metrics = run_dir / "metrics.jsonl"
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(root))  # fmt: skip
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            rows = _rows(metrics)
-            step_rows = [row for row in rows if "time/step" in row]
-            if len(step_rows) >= steps and all(
-                    sum(key in row for row in step_rows) >= steps for key in keys):
-                break
-            if proc.poll() is not None:
-                raise SystemExit(f"seed {seed}: grpo train exited {proc.returncode} before step "
-                                 f"{steps}:\n{proc.stdout.read()[-3000:]}")  # fmt: skip
-            if time.monotonic() > deadline:
-                raise SystemExit(f"seed {seed}: {steps} steps not logged within {timeout:.0f} s")
-            time.sleep(1.0)
-    finally:
-        proc.kill()
-        proc.wait()
+    metrics, log = run_dir / "metrics.jsonl", run_dir.with_suffix(".log")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:  # a file, not a pipe: a full pipe would stop the run
+        proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env=_env(root))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                exited = proc.poll() is not None  # before reading: its last rows are written
+                rows = _rows(metrics)
+                step_rows = [row for row in rows if "time/step" in row]
+                if len(step_rows) >= steps and all(
+                        sum(key in row for row in step_rows) >= steps for key in keys):
+                    break
+                if exited:
+                    raise SystemExit(f"seed {seed}: grpo train ended (status {proc.returncode}) "
+                                     f"with fewer than {steps} values of {sorted(keys)}:\n"
+                                     f"{log.read_text()[-3000:]}")  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"seed {seed}: {steps} steps not logged within {timeout:.0f} s")
+                time.sleep(1.0)
+        finally:
+            proc.kill()
+            proc.wait()
     return rows
 
 

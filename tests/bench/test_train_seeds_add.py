@@ -31,8 +31,10 @@ def test_added_seeds_join_the_record_with_their_own_commit(tmp_path):
     runs = joined["results"]["runs"]
     assert [run["seed"] for run in runs] == [3, 4]
     assert runs[0] == {"commit": first["commit"], "date": first["date"],
-                       **first["results"]["runs"][0]}  # fmt: skip
+                       "machine": first["machine"], **first["results"]["runs"][0]}  # fmt: skip
     assert runs[1]["commit"] == joined["commit"] and "date" in runs[1]
+    assert runs[1]["machine"] == joined["machine"]
+    assert len(set(joined["depends_on_paths"])) == len(joined["depends_on_paths"])
     assert "--seeds 3 4 --set" in joined["command"] and "--add-to" not in joined["command"]
     with pytest.raises(SystemExit, match="already holds seeds"):
         _measure(tmp_path, ["4"], "--add-to")

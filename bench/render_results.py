@@ -66,15 +66,14 @@ def _added(record: dict) -> str:
 def _checked(check: dict) -> str:
     """One `bench/verify_record.py` check of a record: what was replayed, against what."""
     scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
-    head = f"Checked at commit {check['commit'][:7]}, {check['date']}: {scope}"
-    tail = f"({check['values']} values; `bench/verify_record.py`); the rest was not replayed."
+    head = f"Still current at commit {check['commit'][:7]} ({check['date'][:10]}): a replay of {scope}"
+    tool = f"({check['values']} values, `bench/verify_record.py`)"
     against = check.get("against", "record")
     if against == "record":
-        return f"{head} replay to the recorded numbers {tail}"
-    return (f"{head}, replayed on {against['cpu']} with this commit's code and with the measured "
-            f"commit's ({against['commit'][:7]}), give the same numbers {tail} The measuring "
-            "machine rounds otherwise, so the replay here is compared with the measured code's, "
-            "not with the record's numbers.")
+        return f"{head} gives the recorded numbers exactly {tool}."
+    return (f"{head} on {against['cpu']} gives the same numbers with this commit's code as with "
+            f"the measured commit's, {against['commit'][:7]} {tool}; the measuring CPU rounds "
+            "otherwise, so the record's own numbers are not compared.")
 
 
 def source(*records: dict) -> str:

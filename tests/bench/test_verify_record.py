@@ -85,4 +85,4 @@ def test_a_record_from_another_machine_is_checked_against_its_own_commit_replaye
     check = json.loads(path.read_text())["verified"][0]
     assert check["against"]["commit"] == record["commit"] and check["values"] > 0
     rendered = render_results._checked(check)
-    assert "with this commit's code and with the measured commit's" in rendered
+    assert "gives the same numbers with this commit's code as with the measured commit's" in rendered

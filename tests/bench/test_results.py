@@ -210,3 +210,14 @@ def test_seeds_added_later_say_when_each_ran(monkeypatch):
     text = render_results.source(record)
     assert ("seed 0 at commit aaaaaaa, 2026-12-04 19:00 UTC; seeds 1, 2 at commit bbbbbbb, "
             "2026-12-05 09:00 UTC.") in text
+
+
+def test_the_lean_engine_on_gemma_is_shown_as_a_ratio_to_the_transformers_engine(monkeypatch):
+    """15 tokens/s against 10: lean's row says 1.50, the transformers engine's 1.00."""
+    monkeypatch.setattr(render_results, "source", lambda *records: "")
+    run = {"rollout_s": 64.0, "mean_completion_tokens": 64.0}
+    results = {"gemma-transformers": {**run, "rollout_tokens_per_s": 10.0},
+               "gemma-lean": {**run, "rollout_tokens_per_s": 15.0}}  # fmt: skip
+    text = render_results.lean_gemma({"lean_gemma_rollout": {"results": results}})
+    assert "| transformers | 10.0 | 64.0 | 64.0 | 1.00 |" in text
+    assert "| lean | 15.0 | 64.0 | 64.0 | 1.50 |" in text

@@ -104,8 +104,10 @@ def run_cpu(args, build_folder, shapes: dict[str, dict], script: str) -> None:
     `args.part` names, then a table; `shapes`: the random models' configs, by workload."""
     root = args.folder or Path(tempfile.mkdtemp(prefix="grpo-vllm-bench-"))
     folders = {"demo": DEMO, "0.5b": root / "qwen2-0.5b-shape", "gemma": root / "gemma3-270m-shape"}
-    if args.gemma:
-        folders["gemma"] = args.gemma
+    if args.gemma:  # a model of your own is measured as it is, never built in its place
+        folders["gemma"] = Path(args.gemma).expanduser()
+        if not (folders["gemma"] / "config.json").is_file():
+            raise SystemExit(f"--gemma {args.gemma}: no model folder (config.json) there")
     if args.part:
         model, engine = args.part.rsplit("-", 1)
         print(json.dumps(part(folders[model], model, engine, args.threads)))

@@ -106,12 +106,10 @@ def compare(run: dict, rows: list[dict], steps: int) -> tuple[int, list[str]]:
             if replayed.get(key) != recorded[key]:
                 differences.append(f"{key}: {recorded[key]} -> {replayed.get(key)}")
     if steps == max(1, run["steps"] // 10):
-        step_rows = [row for row in rows if "time/step" in row]
+        means = _first_means(rows, run["training"], steps)
         for key, summary in run["training"].items():
             compared += 1
-            # as training_summary: the first tenth of the steps that log the metric
-            values = [row[key] for row in step_rows if key in row][:steps]
-            got = round(statistics.fmean(values), 6) if values else None
+            got = means[key]
             if got != summary["first"]:
                 differences.append(
                     f"{key} (mean of its first {steps} values): {summary['first']} -> {got}")
@@ -163,13 +161,20 @@ def _env(root: Path) -> dict[str, str]:
 def _as_run(run: dict, rows: list[dict], steps: int) -> dict:
     """A replay's rows in the shape of a record's run, for `compare`: its step-0 evaluation
     and the means `compare` takes of the training metrics of `run`."""
-    step_rows = [row for row in rows if "time/step" in row]
-    training = {}
-    for key in run["training"]:
-        values = [row[key] for row in step_rows if key in row][:steps]
-        training[key] = {"first": round(statistics.fmean(values), 6) if values else None}
+    training = {key: {"first": mean} for key, mean in _first_means(rows, run["training"], steps).items()}
     return {"steps": run["steps"], "evaluations": train_seeds._evaluations(rows),
             "training": training}  # fmt: skip
+
+
+def _first_means(rows: list[dict], keys, steps: int) -> dict[str, float | None]:
+    """Each metric's mean over the first `steps` step rows that log it, rounded as
+    `train_seeds.training_summary` rounds ("first"); None where no row logs it."""
+    step_rows = [row for row in rows if "time/step" in row]
+    means = {}
+    for key in keys:
+        values = [row[key] for row in step_rows if key in row][:steps]
+        means[key] = round(statistics.fmean(values), 6) if values else None
+    return means
 
 
 @contextlib.contextmanager

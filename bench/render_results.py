@@ -422,6 +422,22 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
     "gpu-check": gpu_check,
     "roofline": functools.partial(roofline_results.render, source=source),
+    "roofline-gemma": functools.partial(
+        roofline_results.render, source=source, name="roofline_gemma"
+    ),
+    "roofline-models": functools.partial(
+        roofline_results.compare,
+        source=source,
+        runs=(("roofline", "SmolLM2-135M"), ("roofline_gemma", "Gemma 3 270M")),
+    ),
+    "roofline-freeze": functools.partial(
+        roofline_results.compare,
+        source=source,
+        runs=(
+            ("roofline_gemma", "embedding frozen"),
+            ("roofline_gemma_unfrozen", "embedding trained"),
+        ),
+    ),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),

@@ -1,6 +1,7 @@
 """How far each phase of a real GRPO step is from this machine's limit: measured time over least time.
 
     python bench/roofline.py --record roofline        # configs/smollm2_math.yaml, 1 + 3 steps
+    python bench/roofline.py configs/gemma3_math.yaml --record roofline_gemma
     python bench/roofline.py configs/demo.yaml --steps 2 --set prompts_per_step=8
 
 Builds the run a config describes, as `grpo train` does (the default is
@@ -11,26 +12,33 @@ with, for each phase, means per step:
 
 - the measured time: the step's own `time/sampling`, `time/old_logprobs` (a row only when
   that pass runs), `time/loss_backward` and `time/optimizer` (docs/metrics.md);
-- the work: FLOPs and bytes counted from the model's shape and the step's own batch
-  (`bench/roofline_counts.py` says what is counted and what is not);
+- the work: FLOPs and bytes counted from the model's shape, which of its weights train, and
+  the step's own batch (`bench/roofline_counts.py` says what is counted and what is not);
 - the limit: the larger of FLOPs at the peak matrix-product rate of the dtype the phase
   multiplies in and bytes at the peak memory bandwidth. Both peaks are measured in this
   process, at the run's thread count, before the steps: a GEMM of the model's MLP shape,
   (--gemm-rows, H) @ (H, I), in float32 and in bfloat16, best of --repeats; a copy and a sum
   of a --bandwidth-mib tensor, the faster of the two;
-- "x of the limit": measured time / limit; 1 would be the hardware's limit.
+- "x of the limit": measured time / limit; 1 would be the hardware's limit;
+- the peak resident memory (RSS) while the phase ran, the largest of the measured steps
+  (`bench/roofline_memory.py`: the kernel's high-water mark, reset at each phase boundary).
 
 The token counts come from the policy's calls during each step: every sampling call's groups
 (one prompt, G completions) and every scoring call's rows, cut into micro-batches as scoring
 cuts them, classified by whether they ran with gradients (the loss) or without (the old
 log-probs); with a KL term, the reference's scoring calls count in the loss phase, forward only.
-The counts assume full fine-tuning: under LoRA or `model.freeze` a backward computes fewer
-weight gradients than the twice-the-forward counted, so its limit is set too high.
+Which weights train is read off the model (`trainable_matmuls`): a weight frozen by
+`model.freeze` gets no weight gradient in the backward and no optimizer bytes; under LoRA the
+base weights are frozen and the adapters count as trained weights (their forward, r/H of a
+layer's, is not counted). The record also keeps the trainable parameters and the bytes of
+Adam's state after the warm-up, so two records, frozen and not, show what freezing saves.
 Overlapped rollouts (`run.max_staleness` > 0) are refused: their sampling runs alongside the
 update and its time is not a phase of the step.
 
-`--record NAME` writes bench/results/NAME.json; docs/performance.md shows the record named
-`roofline` (`python bench/render_results.py`).
+`--record NAME` writes bench/results/NAME.json; docs/performance.md shows the records named
+`roofline` (SmolLM2), `roofline_gemma` (Gemma 3 270M, its embedding frozen as its config has
+it) and `roofline_gemma_unfrozen` (the same with `--set "model.freeze=[]"`), alone and side by
+side (`bench/roofline_results.py`, `python bench/render_results.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,112 +56,65 @@ if __name__ == "__main__":  # OpenMP reads it as torch loads; as in train_seeds.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # waiting threads sleep, not spin
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline_counts as rc  # noqa: E402
+from roofline_calls import CallLog  # noqa: E402
+from roofline_memory import PhasePeaks, status_bytes  # noqa: E402
 from roofline_peaks import measure_peaks  # noqa: E402
-from roofline_results import table  # noqa: E402
+from roofline_results import PHASES, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/smollm2_math.yaml"
-PHASES = {  # the step's phases measured here, as docs/metrics.md names their times
-    "sampling": "sampling (decoding)",
-    "old_logprobs": "old log-probs",
-    "loss_backward": "loss forward + backward",
-    "optimizer": "optimizer (clip + AdamW)",
-}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PEAK_DTYPES = ("float32", "bfloat16")  # always both, whatever the run multiplies in
 
 
 # ------------------------------------------------------------------ what a step computes
-def _groups(actions: Sequence[Any]) -> list[tuple[int, list[int]]]:
-    """Actions grouped by identical prompt, in order of first appearance -> (P, [T_j])."""
-    found: dict[tuple[int, ...], list[int]] = {}
-    for a in actions:
-        found.setdefault(a.prompt_ids, []).append(a.num_tokens)
-    return [(len(prompt), lengths) for prompt, lengths in found.items()]
-
-
-class CallLog:
-    """The groups (prompt length, completion lengths) the policy sampled and scored since
-    `clear()`, by phase, recorded around its own methods; "reference": the reference's."""
-
-    def __init__(self, policy: Any) -> None:
-        settings = policy.settings
-        self.micro_batch = settings.micro_batch_size
-        self.decode_batch = settings.generation.generation_batch_size
-        self.references: list[Any] = []  # kept alive, so that no id is reused
-        self.clear()
-        _after(policy, "generate_actions", self._sampled)
-        _after(policy, "get_token_log_probabilities", self._scored("old_logprobs"))
-
-    def watch(self, reference: Any) -> None:
-        """Record `reference`'s scoring too (the trainer makes a new one every
-        `ref_update_frequency` steps; None: no KL term)."""
-        if reference is not None and all(r is not reference for r in self.references):
-            self.references.append(reference)
-            _after(reference, "get_token_log_probabilities", self._scored("reference"))
-
-    def clear(self) -> None:
-        self.groups: dict[str, list[tuple[int, list[int]]]] = {
-            k: [] for k in ("sampling", "old_logprobs", "loss_backward", "reference")}  # fmt: skip
-        self.passes = dict.fromkeys(self.groups, 0)  # forwards over a micro-batch
-        self.decoding: list[tuple[list[int], list[int]]] = []  # per decoded batch: (P_n, T_n)
-
-    def _sampled(self, args: tuple, out: list[list[Any]]) -> None:
-        rows = [a for group in out for a in group]
-        self.groups["sampling"] += [g for group in out for g in _groups(group)]
-        step = self.decode_batch or len(rows)
-        for s in range(0, len(rows), step):
-            chunk = rows[s : s + step]
-            self.decoding.append(
-                ([len(a.prompt_ids) for a in chunk], [a.num_tokens for a in chunk])
-            )
-
-    def _scored(self, no_grad_phase: str) -> Callable[[tuple, Any], None]:
-        import torch
-
-        def note(args: tuple, out: Any) -> None:
-            phase = "loss_backward" if torch.is_grad_enabled() else no_grad_phase
-            actions = args[1]
-            for s in range(0, len(actions), self.micro_batch):  # as scoring cuts them
-                self.groups[phase] += _groups(actions[s : s + self.micro_batch])
-                self.passes[phase] += 1
-
-        return note
-
-
-def _after(obj: Any, name: str, note: Callable[[tuple, Any], None]) -> None:
-    """Make `obj.name(...)` call `note(args, result)` after it (this instance only)."""
-    method = getattr(obj, name)
-
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        out = method(*args, **kwargs)
-        note(args, out)
-        return out
-
-    setattr(obj, name, recorded)
-
-
-def phase_work(shape: rc.ModelShape, log: CallLog, dtypes: dict[str, str],
-               optimizer_steps: int, trainable: int, param_bytes: int) -> dict[str, dict]:  # fmt: skip
-    """FLOPs (None: not counted) and bytes of each phase of the step `log` recorded."""
+def phase_work(shape: rc.ModelShape, trainable: rc.Trainable, log: CallLog,
+               dtypes: dict[str, str], optimizer_steps: int, params: int,
+               param_bytes: int) -> dict[str, dict]:  # fmt: skip
+    """FLOPs (None: not counted) and bytes of each phase of the step `log` recorded; `params`
+    trainable parameters of `param_bytes` each are clipped and stepped by AdamW."""
     compute = DTYPE_BYTES[dtypes["scoring"]]
 
     def scored(phase: str) -> int:
         return sum(rc.scoring_flops(shape, p, ts) for p, ts in log.groups[phase])
 
+    loss = sum(rc.scoring_flops(shape, p, ts) + rc.backward_flops(shape, trainable, p, ts)
+               for p, ts in log.groups["loss_backward"])  # fmt: skip
     sampling = sum(rc.sampling_flops(shape, p, ts) for p, ts in log.groups["sampling"])
     decoding = sum(rc.decoding_bytes(shape, ps, ts, DTYPE_BYTES[dtypes["sampling"]])
                    for ps, ts in log.decoding)  # fmt: skip
-    loss_passes = 3 * log.passes["loss_backward"] + log.passes["reference"]
-    per_step = rc.adamw_bytes(trainable, param_bytes) + rc.clip_bytes(trainable, param_bytes)
+    loss_bytes = rc.loss_pass_bytes(shape, trainable, log.passes["loss_backward"], compute)
+    per_step = rc.adamw_bytes(params, param_bytes) + rc.clip_bytes(params, param_bytes)
     return {
         "sampling": {"flops": sampling, "bytes": decoding},
         "old_logprobs": {"flops": scored("old_logprobs"),
                          "bytes": rc.weight_pass_bytes(shape, log.passes["old_logprobs"], compute)},
-        "loss_backward": {"flops": 3 * scored("loss_backward") + scored("reference"),
-                          "bytes": rc.weight_pass_bytes(shape, loss_passes, compute)},
+        "loss_backward": {"flops": loss + scored("reference"),
+                          "bytes": loss_bytes + rc.weight_pass_bytes(shape, log.passes["reference"],
+                                                                     compute)},
         "optimizer": {"flops": None, "bytes": optimizer_steps * per_step},
     }  # fmt: skip
+
+
+def trainable_matmuls(model: Any) -> rc.Trainable:
+    """Which weights of `model`'s matrix products train: the `torch.nn.Linear` weights that
+    require a gradient (a LoRA model's adapters, not its frozen base weights), the output
+    layer's apart (frozen with the embedding it is tied to)."""
+    import torch
+
+    output = model.get_output_embeddings()
+    layers = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) and m is not output and m.weight.requires_grad)  # fmt: skip
+    return rc.Trainable(layers, bool(output.weight.requires_grad))
+
+
+def state_bytes(optimizer: Any) -> int:
+    """Bytes of the tensors an optimizer keeps (AdamW: both moments and the step of each
+    parameter it has stepped)."""
+    import torch
+
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if isinstance(t, torch.Tensor))  # fmt: skip
 
 
 def phase_dtypes(policy: Any) -> dict[str, str]:
@@ -172,9 +133,15 @@ def phase_dtypes(policy: Any) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ the table
+def _largest(values: list[int | None]) -> int | None:
+    """The largest peak; None when any is missing (the peaks were not measured)."""
+    return None if not values or None in values else max(values)
+
+
 def summarise(steps: list[dict], peaks: dict, dtypes: dict[str, str]) -> list[dict]:
-    """Per phase, means per step of time and work, the limits and the ratio; the four phases
-    together last ("these phases together", its limit the sum of theirs). A phase that never ran (old log-probs skipped) has
+    """Per phase, means per step of time and work, the limits and the ratio, and the largest
+    peak RSS of any step; the phases together last ("these phases together": its limit the
+    sum of theirs, its peak the largest). A phase that never ran (old log-probs skipped) has
     no row."""
     rows = []
     bytes_per_s = peaks["memory"]["bytes_per_s"]
@@ -188,13 +155,16 @@ def summarise(steps: list[dict], peaks: dict, dtypes: dict[str, str]) -> list[di
         flops_ = None if flops[0] is None else sum(flops) / len(steps)
         rate = math.inf if dtype is None else peaks["matmul"][dtype]["flops_per_s"]
         limit = rc.limit_seconds(flops_ or 0, nbytes, rate, bytes_per_s)
+        peak = _largest([s["phases"][phase].get("peak_rss_bytes") for s in steps])
         rows.append({"phase": phase, "name": name, "dtype": dtype, "seconds": seconds,
                      "flops": flops_, "bytes": nbytes, "compute_s": (flops_ or 0) / rate,
                      "memory_s": nbytes / bytes_per_s, "limit_s": limit,
-                     "x_of_limit": rc.times_the_limit(seconds, limit)})  # fmt: skip
+                     "x_of_limit": rc.times_the_limit(seconds, limit),
+                     "peak_rss_bytes": peak})  # fmt: skip
     seconds, limit = sum(r["seconds"] for r in rows), sum(r["limit_s"] for r in rows)
     rows.append({"phase": "total", "name": "these phases together", "seconds": seconds,
-                 "limit_s": limit, "x_of_limit": rc.times_the_limit(seconds, limit)})  # fmt: skip
+                 "limit_s": limit, "x_of_limit": rc.times_the_limit(seconds, limit),
+                 "peak_rss_bytes": _largest([r["peak_rss_bytes"] for r in rows])})  # fmt: skip
     return rows
 
 
@@ -219,6 +189,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from grpo.cli.tasks import build_task
     from grpo.run.config_files import load_config
     from grpo.run.train import build_loop, close_policy, seed_everything
+    from grpo.step.timing import StepTimer
 
     config = load_config(args.config, [*args.set, "task.eval_size=0"])  # no evaluation runs
     if config.run.max_staleness:
@@ -226,14 +197,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                          "overlapped step samples alongside the update, not as a phase of it)")  # fmt: skip
     model_path = Path(config.model.path).expanduser()
     if not model_path.is_dir():
-        raise SystemExit(f"model.path: no folder {model_path}; for SmolLM2-135M-Instruct run "
-                         "`grpo fetch smollm2`, or pass --set model.path=FOLDER")  # fmt: skip
+        raise SystemExit(f"model.path: no folder {model_path}; `grpo fetch smollm2` (SmolLM2) or "
+                         "`grpo fetch gemma3-270m --accept-license gemma` (Gemma 3 270M) puts it "
+                         "there, or pass --set model.path=FOLDER")  # fmt: skip
     seed_everything(config.seed, config.run.deterministic, config.run.threads)
     loop, parts = build_loop(config, build_task)
+    memory = PhasePeaks()
     try:
-        with loop:
+        with loop, memory.watching(StepTimer):
             policy, trainer = parts.policy, loop.trainer
             shape = rc.ModelShape.from_config(policy.model.config)
+            trains = trainable_matmuls(policy.model)
             dtypes = phase_dtypes(policy)
             used = sorted({dtypes["sampling"], dtypes["scoring"], *PEAK_DTYPES})
             mlp = (args.gemm_rows, shape.hidden, shape.intermediate)  # (tokens, H) @ (H, I)
@@ -244,29 +218,38 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.warmup):
                 log.watch(trainer.reference_policy)
                 loop.train_step()
+            adam = state_bytes(trainer.optimizer)  # allocated by the warm-up's optimizer step
+            resident = status_bytes("VmRSS") if memory.available else None
             load, cpu, wall = load_average(), time.process_time(), time.perf_counter()
             steps = []
             for _ in range(args.steps):
                 log.clear()
+                memory.clear()
                 log.watch(trainer.reference_policy)
                 metrics = loop.train_step()
-                work = phase_work(shape, log, dtypes, int(metrics["optimizer_steps"]), count,
-                                  param_bytes)  # fmt: skip
+                work = phase_work(shape, trains, log, dtypes, int(metrics["optimizer_steps"]),
+                                  count, param_bytes)  # fmt: skip
                 for phase, entry in work.items():
                     entry["seconds"] = metrics[f"time/{phase}"]
+                    entry["peak_rss_bytes"] = memory.peak(phase)
                 steps.append({"phases": work, "tokens": _tokens(log),
                               "time/step": metrics["time/step"]})  # fmt: skip
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     finally:
         close_policy(parts.policy)
     threads = torch.get_num_threads()
+    generation = config.policy.generation
     return {
         "config": args.config, "overrides": list(args.set), "warmup_steps": args.warmup,
         "steps": args.steps,
+        "batch": {"prompts": config.prompts_per_step, "group_size": config.grpo.group_size,
+                  "max_new_tokens": generation.max_new_tokens,
+                  "micro_batch_size": config.policy.micro_batch_size},
         "model": {"path": str(config.model.path), "model_type": policy.model.config.model_type,
                   **vars(shape), "matmul_params": rc.matmul_params(shape),
-                  "trainable_params": count},
-        "dtypes": dtypes, "peaks": peaks,
+                  "trainable_params": count, "trainable_matmul_params": trains.weights(shape),
+                  "frozen": list(config.model.freeze), "optimizer_state_bytes": adam},
+        "dtypes": dtypes, "peaks": peaks, "rss_after_warmup_bytes": resident,
         "phases": summarise(steps, peaks, dtypes),
         "tokens_per_step": {k: sum(s["tokens"][k] for s in steps) / len(steps)
                             for k in steps[0]["tokens"]},
@@ -305,7 +288,8 @@ def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[
         config = Path(args.config).resolve()
         inside = [config.relative_to(REPO).as_posix()] if config.is_relative_to(REPO) else []
         depends = [*TRAINING_PATH, "grpo/tasks", *inside, "bench/roofline.py",
-                   "bench/roofline_counts.py", "bench/roofline_peaks.py"]  # fmt: skip
+                   "bench/roofline_calls.py", "bench/roofline_counts.py",
+                   "bench/roofline_memory.py", "bench/roofline_peaks.py"]  # fmt: skip
         shown = None if argv is None else ["bench/roofline.py", *argv]
         path = write_record(args.record, results, depends, shown, folder or RESULTS)
         print(f"wrote {path}")

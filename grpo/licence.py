@@ -1,8 +1,9 @@
 """The licence files a model folder declares, carried into every folder saved from it.
 
 Some weights may be shared only with their licence files beside them and a
-notice in every modified copy (the Gemma Terms of Use, section 3.1, asks for
-both). A model folder declares such files in `licence.json`:
+notice in every modified copy (the Gemma Terms of Use, section 3.1, and
+Apache-2.0, section 4, ask for both). A model folder declares such files in
+`licence.json`:
 
     {"licence": "gemma", "url": "ai.google.dev/gemma/terms",
      "files": ["NOTICE", "GEMMA_TERMS.html", "USE_RESTRICTIONS.md"],
@@ -92,12 +93,13 @@ def licence_files(licence: ModelLicence, modification: str) -> dict[str, bytes]:
     declaration = {"licence": licence.licence, "url": licence.url, "files": list(licence.files),
                    "modifications": done}  # fmt: skip
     listed = "".join(f"{i}. {m}\n" for i, m in enumerate(done, 1))
+    travel = "travels" if len(licence.files) == 1 else "travel"
     note = (
         "# Modified files\n\n"
         "The weights in this folder are not the original release. They were modified, in "
         f"this order:\n\n{listed}\n"
         f"They remain subject to their licence ({licence.licence}: {licence.url}); "
-        f"{', '.join(licence.files)} travel with them and must be passed on with any copy.\n"
+        f"{', '.join(licence.files)} {travel} with them and must be passed on with any copy.\n"
     )
     return {
         **licence.files,

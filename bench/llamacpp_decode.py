@@ -48,11 +48,14 @@ from pathlib import Path
 
 if __name__ == "__main__":  # OpenMP reads it as torch loads: waiting threads sleep, not spin
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_results import llamacpp_table  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEPENDS_ON = [
     "grpo/lm/engines/lean.py", "grpo/lm/engines/lean_families.py",
     "grpo/lm/engines/low_precision.py", "grpo/functional/sampling.py",
-    "bench/llamacpp_decode.py",
+    "bench/llamacpp_decode.py", "bench/decode_results.py",
 ]  # fmt: skip
 GGUF_TYPES = {"F32": "ALL_F32", "BF16": "MOSTLY_BF16"}  # rewritten type -> its general.file_type
 DEFAULT_CONFIG = {"smollm2": "configs/smollm2_math.yaml", "gemma3-270m": "configs/gemma3_math.yaml"}
@@ -283,21 +286,6 @@ def part_llamacpp(work: dict, gguf_path: Path, repeats: int, threads: int) -> di
 
 
 # ------------------------------------------------------------------ driver
-def table(results: dict[str, dict]) -> str:
-    """One row a part: tokens/s, and each part's tokens/s over llama.cpp's at the same
-    weights (grpo-float32 against llama.cpp-F32, grpo-bfloat16 against llama.cpp-BF16)."""
-    same = {"grpo-float32": "llama.cpp-F32", "grpo-bfloat16": "llama.cpp-BF16"}
-    rows = ["| part | weights | tokens/s | x llama.cpp, same weights | median s | gap |",
-            "|---|---|---|---|---|---|"]  # fmt: skip
-    for name, r in results.items():
-        other = results.get(same.get(name, ""))
-        ratio = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}" if other else "-"
-        gap = r.get("logit_gap", r.get("check_gap"))
-        rows.append(f"| {name} | {r['weights']} | {r['tokens_per_s']:.0f} | {ratio} | "
-                    f"{r['median_s']:.2f} | {gap:.1e} |")  # fmt: skip
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2", choices=sorted(DEFAULT_CONFIG))
@@ -350,9 +338,8 @@ def main() -> None:
             r["tokens_per_s"] = len(work["rows"]) * work["G"] * work["T"] / r["median_s"]
             results[name] = r
             print(f"{name}: {r['tokens_per_s']:.0f} tokens/s", flush=True)
-    print(table(results))
+    print(llamacpp_table(results))
     if args.record:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from records import RESULTS, write_record
 
         shape = {"B": len(work["rows"]), "G": work["G"], "T": work["T"],

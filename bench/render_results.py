@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
+import decode_results  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
@@ -268,21 +269,6 @@ def word_problems(name: str) -> Callable[[dict], str]:
 
 
 # ------------------------------------------------------------------ samplers
-def lean_gemma(records: dict) -> str:
-    """`bench/vllm_rollout.py --models gemma --engines transformers lean`: tokens per second of
-    each engine on Gemma 3 270M, and lean's over the transformers engine's."""
-    record = records["lean_gemma_rollout"]
-    r = record["results"]
-    base = r["gemma-transformers"]["rollout_tokens_per_s"]
-    rows = ["| engine | tokens/s | rollout s | mean completion tokens | x the transformers engine |",
-            "|---|---|---|---|---|"]  # fmt: skip
-    for engine in ("transformers", "lean"):
-        e = r[f"gemma-{engine}"]
-        rows.append(f"| {engine} | {e['rollout_tokens_per_s']:.1f} | {e['rollout_s']:.1f} | "
-                    f"{e['mean_completion_tokens']:.1f} | {e['rollout_tokens_per_s'] / base:.2f} |")
-    return "\n".join(rows) + "\n\n" + source(record)
-
-
 # ------------------------------------------------------------------ the README's summary
 def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
     """The start (the same for every seed) and each seed's end of a `train_seeds.py` record."""
@@ -417,7 +403,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-seeds": demo_seeds,
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
     "smollm2-math": word_problems("smollm2_math"),
-    "lean-gemma": lean_gemma,
+    "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
+    "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
     "gpu-check": gpu_check,

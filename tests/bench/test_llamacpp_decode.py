@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "lm"))
 
+import decode_results  # noqa: E402
 import llamacpp_decode as bench  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
@@ -81,6 +82,21 @@ def test_table_compares_each_grpo_part_with_llamacpp_at_the_same_weights():
         "llama.cpp-F32": {"weights": "m.F32.gguf", "tokens_per_s": 200.0, "median_s": 1, "logit_gap": 0},
         "grpo-bfloat16": {"weights": "bfloat16", "tokens_per_s": 100.0, "median_s": 1, "check_gap": 0},
     }  # fmt: skip
-    rows = bench.table(results).splitlines()
+    rows = decode_results.llamacpp_table(results).splitlines()
     assert "| grpo-float32 | float32 | 300 | 1.50 |" in rows[2]
     assert "| grpo-bfloat16 | bfloat16 | 100 | - |" in rows[4]  # no llama.cpp-BF16 measured
+
+
+def test_rendered_block_names_the_workload_and_llamacpp_build():
+    parts = {
+        "grpo-bfloat16": {"weights": "bfloat16", "tokens_per_s": 90.0, "median_s": 2.0, "check_gap": 0.01},
+        "llama.cpp-BF16": {"weights": "m.BF16.gguf", "tokens_per_s": 60.0, "median_s": 3.0,
+                           "logit_gap": 0.02, "system_info": "AVX512_BF16 = 1", "llama_cpp_python": "0.3.36"},
+    }  # fmt: skip
+    workload = {"B": 4, "G": 8, "T": 128, "prompt_tokens": [160, 171], "temperature": 0.7, "threads": 2}
+    record = {"results": {"config": "configs/x.yaml", "workload": workload, "parts": parts}}
+    text = decode_results.llamacpp({"llamacpp_decode": record}, lambda r: "SOURCE")
+    assert "| grpo-bfloat16 | bfloat16 | 90 | 1.50 | 2.00 | 1.0e-02 |" in text
+    assert "4 prompts of 160-171 tokens from `configs/x.yaml` x 8 completions x exactly 128" in text
+    assert "4096 tokens a rollout" in text and "`AVX512_BF16 = 1`" in text
+    assert text.endswith("SOURCE")

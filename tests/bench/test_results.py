@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
+import decode_results  # noqa: E402
 import records  # noqa: E402
 import render_results  # noqa: E402
 
@@ -212,12 +213,11 @@ def test_seeds_added_later_say_when_each_ran(monkeypatch):
             "2026-12-05 09:00 UTC.") in text
 
 
-def test_the_lean_engine_on_gemma_is_shown_as_a_ratio_to_the_transformers_engine(monkeypatch):
+def test_the_lean_engine_on_gemma_is_shown_as_a_ratio_to_the_transformers_engine():
     """15 tokens/s against 10: lean's row says 1.50, the transformers engine's 1.00."""
-    monkeypatch.setattr(render_results, "source", lambda *records: "")
     run = {"rollout_s": 64.0, "mean_completion_tokens": 64.0}
     results = {"gemma-transformers": {**run, "rollout_tokens_per_s": 10.0},
                "gemma-lean": {**run, "rollout_tokens_per_s": 15.0}}  # fmt: skip
-    text = render_results.lean_gemma({"lean_gemma_rollout": {"results": results}})
+    text = decode_results.lean_gemma({"lean_gemma_rollout": {"results": results}}, lambda r: "")
     assert "| transformers | 10.0 | 64.0 | 64.0 | 1.00 |" in text
     assert "| lean | 15.0 | 64.0 | 64.0 | 1.50 |" in text

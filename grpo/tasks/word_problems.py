@@ -6,7 +6,9 @@ equal groups"), then a question for the final count; every value is a positive i
 sentence kind has several phrasings (`TEMPLATES`); the last of every kind is held out
 (`HELD_OUT_TEMPLATES`). The prompt is chat messages (an instruction, one worked example, the
 problem), read through the model's chat template, or for a base model the same as plain text
-(`prompt_form`, `grpo.lm.prompt_forms`).
+(`prompt_form`, `grpo.lm.prompt_forms`). Training prompts may instead be drawn from several
+forms (`train_forms`: the scaffold, the instruction alone, the bare problem); the text and
+the forms are in `grpo.tasks.word_problem_prompts`.
 
 Splits (`SPLITS`): "train"; "heldout_numbers", training phrasings over held-out equations (an
 equation is the start value and the operations, chosen by hash, so its numbers never reach
@@ -19,6 +21,7 @@ number of distinct equations and a standard error clustered by equation
 
 The rewards (`correct`, `correct_strict`, `answer_format`, `math_verified`) follow the
 library's contract and read the ``answer`` column; the format alone cannot raise `correct`.
+They are the same for every prompt form (`answer_format` says why).
 Importing this module pulls in nothing heavier than the standard library.
 """
 
@@ -27,85 +30,38 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo.lm.prompt_forms import PROMPT_FORMS, in_form
 from grpo.tasks import clustered_standard_error, draw_distinct, hash_split
+from grpo.tasks.word_problem_prompts import (
+    DEFAULT_TRAIN_FORMS,
+    EXAMPLE_PROBLEM,
+    EXAMPLE_SOLUTION,
+    FORMS,
+    HELD_OUT_FORMS,
+    HELD_OUT_TEMPLATES,
+    INSTRUCTION,
+    NAMES,
+    OBJECTS,
+    TEMPLATES,
+    check_train_forms,
+    draw_forms,
+    messages,
+)  # fmt: skip
 
 __all__ = [
-    "ANSWER_CHECKS", "HELD_OUT_TEMPLATES", "OPERATORS", "SPLITS", "TEMPLATES", "Problem",
-    "WordProblemsConfig", "answer_format", "breakdown", "correct", "correct_strict",
-    "final_number", "generate_dataset", "math_verified", "messages", "stated_answer",
+    "ANSWER_CHECKS", "EXAMPLE_PROBLEM", "EXAMPLE_SOLUTION", "FORMS", "HELD_OUT_TEMPLATES",
+    "INSTRUCTION", "OPERATORS", "SPLITS", "TEMPLATES", "Problem", "WordProblemsConfig",
+    "answer_format", "breakdown", "correct", "correct_strict", "final_number",
+    "generate_dataset", "math_verified", "messages", "stated_answer",
 ]  # fmt: skip
 
 OPERATORS = ("+", "-", "*", "/")
 SPLITS = ("train", "heldout_numbers", "heldout_phrasings", "heldout_bare")
 HELD_OUT_PHRASINGS = ("heldout_phrasings", "heldout_bare")
 """The splits told only with held-out phrasings."""
-
-# Sentence kinds: "start", one per operator, "question". Fields: {name}, {other}, {objects}, {n}.
-TEMPLATES: dict[str, tuple[str, ...]] = {
-    "start": (
-        "{name} has {n} {objects}.",
-        "{name} starts the day with {n} {objects}.",
-        "There are {n} {objects} in {name}'s bag.",
-    ),
-    "+": (
-        "{name} buys {n} more {objects}.",
-        "{other} gives {name} {n} {objects}.",
-        "Then {name} finds {n} more {objects}.",
-        "{name}'s collection grows by {n} {objects}.",
-    ),
-    "-": (
-        "{name} gives {n} {objects} to {other}.",
-        "{name} loses {n} {objects}.",
-        "Then {name} sells {n} of the {objects}.",
-        "{other} takes {n} {objects} away from {name}.",
-    ),
-    "*": (
-        "{name} ends up with {n} times as many {objects} as before.",
-        "Then the number of {objects} {name} has becomes {n} times larger.",
-        "{name} trades each of the {objects} for {n} new ones.",
-        "{name} multiplies the pile of {objects} by {n}.",
-    ),
-    "/": (
-        "{name} splits the {objects} into {n} equal groups and keeps one group.",
-        "{name} keeps only one out of every {n} {objects}.",
-        "Then {name} divides the {objects} equally among {n} boxes and keeps one box.",
-        "{name} shares the {objects} equally between {n} people, {name} included, and keeps "
-        "one share.",
-    ),
-    "question": (
-        "How many {objects} does {name} have now?",
-        "How many {objects} does {name} have at the end?",
-        "What is the final number of {objects} that {name} owns?",
-    ),
-}
-HELD_OUT_TEMPLATES = 1
-"""The last this many phrasings of every sentence kind belong to "heldout_phrasings" only."""
-
-NAMES = (
-    "Ava", "Ben", "Chloe", "Daniel", "Emma", "Felix", "Grace", "Hugo", "Isla", "Jack",
-    "Lena", "Leo", "Maya", "Noah", "Olivia", "Omar", "Priya", "Ravi", "Sofia", "Tom",
-)  # fmt: skip
-OBJECTS = (
-    "apples", "marbles", "stickers", "pencils", "cookies", "books", "coins", "shells",
-    "cards", "beads", "stamps", "balloons", "crayons", "buttons", "toy cars", "oranges",
-)  # fmt: skip
-
-INSTRUCTION = (
-    "Solve the math word problem. Work it out step by step, then write the final answer "
-    "on the last line as 'Answer: N', where N is a whole number."
-)
-EXAMPLE_PROBLEM = (
-    "Mia has 5 stickers. Mia buys 3 more stickers. Then Mia sells 2 of the stickers. "
-    "How many stickers does Mia have now?"
-)
-EXAMPLE_SOLUTION = (
-    "Mia starts with 5 stickers. After buying 3 more she has 5 + 3 = 8. "
-    "After selling 2 she has 8 - 2 = 6.\nAnswer: 6"
-)
 
 
 @dataclass(frozen=True)
@@ -133,6 +89,12 @@ class WordProblemsConfig:
     prompt_form: str = "chat"
     """chat: messages, through the model's chat template; plain: the same as "Question: ...
     Answer:" text for a base model (`grpo.lm.prompt_forms.plain_text`)."""
+    train_forms: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TRAIN_FORMS))
+    """How the training problems are asked: a weight per form of `FORMS` (scaffold: the
+    instruction, the worked example, the problem, as the scaffolded held-out splits ask;
+    instruction: the instruction and the problem; bare: the problem alone, as heldout_bare
+    asks), each row's form drawn from the task seed apart from its problem. The default asks
+    every row in the scaffold; the held-out splits never change with it."""
 
     def __post_init__(self) -> None:
         for name in ("operation_weights", "train_operation_weights"):
@@ -157,6 +119,7 @@ class WordProblemsConfig:
             raise ValueError(f"held_out_fraction must be in (0, 1), got {self.held_out_fraction!r}")
         if self.prompt_form not in PROMPT_FORMS:
             raise ValueError(f"prompt_form must be one of {PROMPT_FORMS}, got {self.prompt_form!r}")
+        object.__setattr__(self, "train_forms", check_train_forms(self.train_forms))
 
 
 @dataclass(frozen=True)
@@ -245,21 +208,6 @@ def _draw_problem(rng: random.Random, config: WordProblemsConfig, split: str) ->
     return Problem(start, tuple(steps), phrasings, name, other, rng.choice(OBJECTS))
 
 
-def messages(problem_text: str, worked_example: bool = True, bare: bool = False
-             ) -> list[dict[str, str]]:  # fmt: skip
-    """The chat prompt: the instruction, optionally one worked example, then the problem;
-    `bare`: the problem alone."""
-    if bare:
-        return [{"role": "user", "content": problem_text}]
-    turns = [{"role": "system", "content": INSTRUCTION}]
-    if worked_example:
-        turns += [
-            {"role": "user", "content": EXAMPLE_PROBLEM},
-            {"role": "assistant", "content": EXAMPLE_SOLUTION},
-        ]
-    return [*turns, {"role": "user", "content": problem_text}]
-
-
 def generate_dataset(
     num_problems: int,
     *,
@@ -269,7 +217,8 @@ def generate_dataset(
 ) -> list[dict[str, Any]]:
     """`num_problems` distinct rows ``{"prompt", "answer", "operations", "equation"}`` of
     `split`, the same for the same seed; a ValueError says when the split has too few
-    distinct problems."""
+    distinct problems. The training rows' problems do not depend on `train_forms`: only how
+    each is asked does."""
     config = config or WordProblemsConfig()
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -293,15 +242,18 @@ def generate_dataset(
             f"(found {found}); raise max_start, max_addend or held_out_fraction"
         ),
     )  # fmt: skip
-    bare = split == "heldout_bare"
+    if split == "train":
+        forms = draw_forms(len(texts), seed, config.train_forms)
+    else:
+        forms = [HELD_OUT_FORMS[split]] * len(texts)
     return [
         {
-            "prompt": in_form(messages(text, config.worked_example, bare), config.prompt_form),
+            "prompt": in_form(FORMS[form](text, config.worked_example), config.prompt_form),
             "answer": str(drawn[text].answer),
             "operations": len(drawn[text].steps),
             "equation": drawn[text].equation,
         }
-        for text in texts
+        for text, form in zip(texts, forms, strict=True)
     ]
 
 
@@ -360,7 +312,15 @@ def correct_strict(
 
 
 def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
-    """1.0 where the completion states "Answer: N" with a whole number N, right or wrong."""
+    """1.0 where the completion states "Answer: N" with a whole number N, right or wrong.
+
+    The same on every row, whichever form (`train_forms`) its prompt was asked in, the bare
+    rows included, though they never ask for "Answer: N": the reward stays a function of the
+    reply alone, as the held-out evaluation computes it; the bare split is scored by the
+    reply's final number, which a closing "Answer: N" states, so the bonus does not pull a
+    bare reply away from what it is scored on; and at the default weight (0.1 against 1 for
+    the value) it never outweighs a right answer. A bare group whose samples never state the
+    format gets no signal from it."""
     return [float(stated_answer(_text(c, i)) is not None) for i, c in enumerate(completions)]
 
 

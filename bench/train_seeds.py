@@ -22,6 +22,7 @@ with `common.worker_env` (OpenMP threads that sleep while they wait).
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import os
@@ -157,16 +158,38 @@ def evaluate_checkpoints(run: dict, steps: list[int], overrides: list[str]) -> l
 
 
 def config_files(config) -> list[str]:
-    """The files of the repository a loaded config trains with: its built-in task's module and
-    its model folder, when they are in the repository."""
+    """The files of the repository a loaded config trains with: its built-in task's module, the
+    `grpo.tasks` modules that one imports (its prompts, the helpers tasks share), and its model
+    folder, when they are in the repository."""
     found = []
-    for path in (f"grpo/tasks/{config.task.name}.py", config.model.path):
+    task = f"grpo/tasks/{config.task.name}.py"
+    for path in (task, *_task_imports(REPO / task), config.model.path):
         try:
             if (REPO / path).resolve().is_relative_to(REPO) and (REPO / path).exists():
                 found.append(str(Path(path)))
         except (OSError, ValueError):
             continue
     return found
+
+
+def _task_imports(file: Path) -> list[str]:
+    """The `grpo.tasks` modules `file` imports (the package's own helpers as its __init__.py;
+    function-level imports too), as repository paths; [] when `file` is not a file."""
+    if not file.is_file():
+        return []
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:  # "grpo.tasks.x.NAME" names no file and is skipped
+            path = "grpo/tasks/__init__.py" if name == "grpo.tasks" else name.replace(".", "/") + ".py"
+            if name.startswith("grpo.tasks") and (REPO / path).is_file():
+                found.append(path)
+    return list(dict.fromkeys(found))
 
 
 def earlier_runs(args: argparse.Namespace, folder: Path) -> list[dict]:

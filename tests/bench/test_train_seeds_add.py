@@ -40,3 +40,21 @@ def test_added_seeds_join_the_record_with_their_own_commit(tmp_path):
         _measure(tmp_path, ["4"], "--add-to")
     with pytest.raises(SystemExit, match="other settings"):
         _measure(tmp_path, ["5"], "--add-to", "--set", "seed=1")
+
+
+def test_a_record_depends_on_the_task_modules_its_task_imports(tmp_path):
+    """config_files: a word-problem config's task module, the prompts module and the shared
+    helpers it imports (a change to any may change a number); the chess task's prompts module
+    too; a model folder outside the repository is not listed."""
+    from grpo.run.config_files import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(repo / "configs" / "smollm2_math_forms.yaml", [f"model.path={tmp_path}"])
+    assert train_seeds.config_files(config) == [
+        "grpo/tasks/word_problems.py", "grpo/tasks/__init__.py",
+        "grpo/tasks/word_problem_prompts.py",
+    ]  # fmt: skip
+    chess = load_config(repo / "configs" / "chess.yaml", [f"model.path={tmp_path}"])
+    assert train_seeds.config_files(chess) == [
+        "grpo/tasks/chess.py", "grpo/tasks/__init__.py", "grpo/tasks/chess_prompts.py",
+    ]  # fmt: skip

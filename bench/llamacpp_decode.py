@@ -207,9 +207,9 @@ def part_llamacpp(work: dict, gguf_path: Path, repeats: int, threads: int) -> di
 
     import llama_cpp as L
     import numpy as np
-    import torch
 
-    L.llama_log_set(L.llama_log_callback(lambda level, text, data: None), ctypes.c_void_p(0))
+    quiet = L.llama_log_callback(lambda level, text, data: None)  # kept: llama.cpp calls it
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
     L.llama_backend_init()
     model = L.llama_model_load_from_file(str(gguf_path).encode(), L.llama_model_default_params())
     if not model:
@@ -280,7 +280,6 @@ def part_llamacpp(work: dict, gguf_path: Path, repeats: int, threads: int) -> di
     L.llama_batch_free(batch)
     L.llama_free(ctx)
     L.llama_model_free(model)
-    del torch  # imported for work["logits"]
     return {"engine": "llama.cpp", "weights": gguf_path.name, "seconds": times,
             "logit_gap": gap, "system_info": info, "llama_cpp_python": L.__version__}  # fmt: skip
 
@@ -332,7 +331,8 @@ def main() -> None:
                        "--cache", str(args.cache)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+                raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-1500:]}"
+                                 f"{done.stderr[-3000:]}")
             r = json.loads(done.stdout.strip().splitlines()[-1])
             r["median_s"] = statistics.median(r["seconds"])
             r["tokens_per_s"] = len(work["rows"]) * work["G"] * work["T"] / r["median_s"]

@@ -211,16 +211,30 @@ def _problems(evaluation: dict, split: str) -> int:
     return round(sum(v for k, v in evaluation.items() if k.startswith(prefix)))
 
 
-def _mean_row(evaluations: list[dict], step: int, start: dict, splits: list[str]) -> str:
-    """The seeds' mean at `step`: each split's accuracy and its change from the start, with
-    the seeds' standard deviation of that change."""
+def _mean_row(evaluations: list[dict], step: int, splits: list[str]) -> str:
+    """The seeds' mean at `step`: each split's accuracy and its change from each seed's own
+    start (its step-0 evaluation), with the seeds' standard deviation of that change."""
+    first = min(evaluations[0])
     cells = []
     for split in splits:
-        gains = [100 * (by_step[step][_key(split)] - start[_key(split)]) for by_step in evaluations]
+        gains = [100 * (by_step[step][_key(split)] - by_step[first][_key(split)])
+                 for by_step in evaluations]  # fmt: skip
         mean = statistics.fmean(by_step[step][_key(split)] for by_step in evaluations)
         cells.append(f"{percent(mean)} ({statistics.fmean(gains):+.1f} ± "
                      f"{statistics.stdev(gains):.1f})")  # fmt: skip
     return f"| mean (± seeds' s.d.) | {step} | | " + " | ".join(cells) + " |"
+
+
+def _start_rows(runs: list[dict], evaluations: list[dict], splits: list[str]) -> list[str]:
+    """The step-0 row: one ("all") where every seed starts from the same accuracies, else one
+    per distinct start, naming its seeds (greedy decoding rounds differently on another CPU)."""
+    starts: dict[tuple[str, ...], list[str]] = {}
+    for run, by_step in zip(runs, evaluations, strict=True):
+        cells = tuple(_split_cell(by_step[min(by_step)], s) for s in splits)
+        starts.setdefault(cells, []).append(str(run["seed"]))
+    label = (lambda seeds: "all") if len(starts) == 1 else ", ".join
+    return [f"| {label(seeds)} | 0 | 0 s | " + " | ".join(cells) + " |"
+            for cells, seeds in starts.items()]  # fmt: skip
 
 
 def word_problems(name: str) -> Callable[[dict], str]:
@@ -237,18 +251,18 @@ def word_problems(name: str) -> Callable[[dict], str]:
         splits = [s for s in SPLIT_NAMES if _split_cell(start, s) != "-"]
         head = ["seed", "step", "training", *(SPLIT_NAMES[s] for s in splits)]
         rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        rows.append("| all | 0 | 0 s | " + " | ".join(_split_cell(start, s) for s in splits) + " |")
+        rows += _start_rows(runs, evaluations, splits)
         for run, by_step in zip(runs, evaluations, strict=True):
             for step in steps[1:]:
                 e = by_step[step]
                 cells = []
                 for split in splits:
-                    gain = 100 * (e[_key(split)] - start[_key(split)])
+                    gain = 100 * (e[_key(split)] - by_step[steps[0]][_key(split)])
                     cells.append(f"{_split_cell(e, split)} ({gain:+.1f})")
                 rows.append(f"| {run['seed']} | {step} | {e['training_seconds']:.0f} s | "
                             + " | ".join(cells) + " |")  # fmt: skip
         if len(runs) > 1:
-            rows.append(_mean_row(evaluations, steps[-1], start, splits))
+            rows.append(_mean_row(evaluations, steps[-1], splits))
         noise = "; ".join(
             f"{SPLIT_NAMES[s]} {100 * start[_key(s, 'accuracy_se')]:.1f} points over "
             f"{_problems(start, s)} problems of {start[_key(s, 'num_equations')]:.0f} distinct "
@@ -258,7 +272,7 @@ def word_problems(name: str) -> Callable[[dict], str]:
         last = [by_step[steps[-1]] for by_step in evaluations]
         peak = max(r["peak_rss_gib"] for r in runs)
         notes = (f"Greedy accuracy (the reply's final number); in brackets the change from the "
-                 f"start. One accuracy's standard error, clustered by equation (problems that "
+                 f"seed's own start. One accuracy's standard error, clustered by equation (problems that "
                  f"share an equation are not independent): {noise}. Training time is the sum "
                  f"of the steps' times; the whole processes peaked at {peak:.2f} GiB. "
                  f"{len(last)} seed{'' if len(last) == 1 else 's'}.")  # fmt: skip
@@ -271,12 +285,17 @@ def word_problems(name: str) -> Callable[[dict], str]:
 # ------------------------------------------------------------------ samplers
 # ------------------------------------------------------------------ the README's summary
 def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
-    """The start (the same for every seed) and each seed's end of a `train_seeds.py` record."""
+    """The start and each seed's end of a `train_seeds.py` record (the starts' range where
+    seeds measured on different CPUs start apart)."""
     ends = [chess_results._ends(run) for run in record["results"]["runs"]]  # (first, last) each
-    finals = [last[key] for _, last in ends]
-    span = shown(finals[0]) if len(finals) == 1 else f"{shown(min(finals))} to {shown(max(finals))}"
-    seeds = "1 seed" if len(finals) == 1 else f"{len(finals)} seeds"
-    return f"{shown(ends[0][0][key])} -> {span} ({seeds}, {ends[0][1]['step']} steps)"
+
+    def span(values: list[float]) -> str:
+        low, high = min(values), max(values)
+        return shown(low) if shown(low) == shown(high) else f"{shown(low)} to {shown(high)}"
+
+    seeds = "1 seed" if len(ends) == 1 else f"{len(ends)} seeds"
+    starts, finals = [first[key] for first, _ in ends], [last[key] for _, last in ends]
+    return f"{span(starts)} -> {span(finals)} ({seeds}, {ends[0][1]['step']} steps)"
 
 
 def _vs_trl(record: dict) -> str:

@@ -198,6 +198,24 @@ def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
     assert "| 1 | 64 | 100 s | 60.0 % (+30.0) |" in text
 
 
+def test_word_problem_seeds_that_start_apart_gain_from_their_own_start(monkeypatch):
+    """Seed 0 starts at 30 % (one CPU), seeds 1 and 2 at 20 % (another): two start rows, and
+    each change is from the seed's own start: 40 % is +10.0 for seed 0 but +20.0 for seed 1;
+    the mean change of +10, +20 and +30 is +20.0 with s.d. 10.0."""
+    monkeypatch.setattr(render_results, "source", lambda *records: "")
+    key = "eval/heldout_numbers/greedy/accuracy"
+    runs = [{"seed": seed, "peak_rss_gib": 1.0, "flags": [], "evaluations": [
+        {"step": 0, "training_seconds": 0.0, key: start},
+        {"step": 64, "training_seconds": 100.0, key: end}]}
+        for seed, start, end in ((0, 0.3, 0.4), (1, 0.2, 0.4), (2, 0.2, 0.5))]  # fmt: skip
+    text = render_results.word_problems("x")({"x": {"results": {"runs": runs}}})
+    assert "| 0 | 0 | 0 s | 30.0 % |" in text and "| 1, 2 | 0 | 0 s | 20.0 % |" in text
+    assert "| all |" not in text
+    assert "| 0 | 64 | 100 s | 40.0 % (+10.0) |" in text
+    assert "| 1 | 64 | 100 s | 40.0 % (+20.0) |" in text
+    assert "| mean (± seeds' s.d.) | 64 | | 43.3 % (+20.0 ± 10.0) |" in text
+
+
 def test_seeds_added_later_say_when_each_ran(monkeypatch):
     """A record joined by `train_seeds.py --add-to` names each seed's commit and date."""
     monkeypatch.setattr(render_results, "stale", lambda record: [])

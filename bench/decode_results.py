@@ -34,7 +34,11 @@ def llamacpp_table(parts: dict[str, dict]) -> str:
     rows = ["| decoder | weights | tokens/s | x llama.cpp, same weights | rollout s (median) "
             "| logit gap |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in parts.items():
+        if "failed" in r:
+            rows.append(f"| {name} | {r['weights']} | {r['failed']} | - | - | - |")
+            continue
         other = parts.get(SAME_WEIGHTS.get(name, ""))
+        other = None if other is None or "failed" in other else other
         ratio = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}" if other else "-"
         gap = r.get("logit_gap", r.get("check_gap"))
         rows.append(f"| {name} | {r['weights']} | {r['tokens_per_s']:.0f} | {ratio} | "

@@ -31,7 +31,8 @@ llama.cpp's decoding and batch threads):
   the same model.
 
 Each part runs one untimed warm-up rollout, then `--repeats` timed ones; tokens/s is
-B x G x T over the median. `--record NAME` writes bench/results/NAME.json.
+B x G x T over the median. A part that fails (llama.cpp crashing on a file, say) is recorded
+as failed, with its exit status, and the others still run. `--record NAME` writes bench/results/NAME.json.
 """
 
 from __future__ import annotations
@@ -285,6 +286,15 @@ def part_llamacpp(work: dict, gguf_path: Path, repeats: int, threads: int) -> di
 
 
 # ------------------------------------------------------------------ driver
+def _failure(returncode: int) -> str:
+    """A part's exit status in words: a signal by its name."""
+    if returncode < 0:
+        import signal
+
+        return f"crashed ({signal.Signals(-returncode).name})"
+    return f"failed (exit status {returncode})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2", choices=sorted(DEFAULT_CONFIG))
@@ -330,9 +340,11 @@ def main() -> None:
                        "--repeats", str(args.repeats), "--threads", str(args.threads),
                        "--cache", str(args.cache)]  # fmt: skip
             done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stdout[-1500:]}"
-                                 f"{done.stderr[-3000:]}")
+            if done.returncode != 0:  # recorded as it is, and the other parts still run
+                results[name] = {"weights": parts[name] or name.partition("-")[2],
+                                 "failed": _failure(done.returncode)}  # fmt: skip
+                print(f"{name}: {results[name]['failed']}\n{done.stderr[-3000:]}", flush=True)
+                continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
             r["median_s"] = statistics.median(r["seconds"])
             r["tokens_per_s"] = len(work["rows"]) * work["G"] * work["T"] / r["median_s"]

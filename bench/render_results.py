@@ -422,6 +422,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-seeds": demo_seeds,
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
     "smollm2-math": word_problems("smollm2_math"),
+    "smollm2-math-forms": word_problems("smollm2_math_forms"),
     "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),

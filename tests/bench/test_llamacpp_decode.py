@@ -100,3 +100,14 @@ def test_rendered_block_names_the_workload_and_llamacpp_build():
     assert "4 prompts of 160-171 tokens from `configs/x.yaml` x 8 completions x exactly 128" in text
     assert "4096 tokens a rollout" in text and "`AVX512_BF16 = 1`" in text
     assert text.endswith("SOURCE")
+
+
+def test_a_failed_part_is_a_row_that_says_so_and_no_ratio_against_it():
+    parts = {
+        "grpo-float32": {"weights": "float32", "tokens_per_s": 300.0, "median_s": 1, "check_gap": 0},
+        "llama.cpp-F32": {"weights": "m.F32.gguf", "failed": bench._failure(-11)},
+    }  # fmt: skip
+    rows = decode_results.llamacpp_table(parts).splitlines()
+    assert rows[2].startswith("| grpo-float32 | float32 | 300 | - |")
+    assert rows[3] == "| llama.cpp-F32 | m.F32.gguf | crashed (SIGSEGV) | - | - | - |"
+    assert bench._failure(3) == "failed (exit status 3)"

@@ -134,8 +134,10 @@ def phase_dtypes(policy: Any) -> dict[str, str]:
 
 # ------------------------------------------------------------------ the table
 def _largest(values: list[int | None]) -> int | None:
-    """The largest peak; None when any is missing (the peaks were not measured)."""
-    return None if not values or None in values else max(values)
+    """The largest peak measured; None when there is none (the peaks were not measured, or
+    the phase never ran: a step whose groups all scored alike runs no loss)."""
+    measured = [v for v in values if v is not None]
+    return max(measured) if measured else None
 
 
 def summarise(steps: list[dict], peaks: dict, dtypes: dict[str, str]) -> list[dict]:

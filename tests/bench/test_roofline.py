@@ -394,3 +394,11 @@ def test_a_tiny_gemma_with_its_embedding_frozen_and_trained(tmp_path, monkeypatc
         "embedding frozen", "embedding trained"] * 4  # fmt: skip
     assert "Every run samples B x G x T = 2 x 2 x 5 per step" in block
     assert block.count("Measured by `python bench/roofline.py configs/demo.yaml") == 2
+
+
+def test_a_phase_peak_is_the_largest_measured_over_the_steps_that_ran_it():
+    """A step whose groups all scored alike runs no loss, so its loss phase has no peak: the
+    phase's peak is the largest of the other steps', and missing only when none measured it."""
+    assert roofline._largest([5, None, 7]) == 7
+    assert roofline._largest([None, None]) is None
+    assert roofline._largest([]) is None

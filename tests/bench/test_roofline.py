@@ -279,8 +279,8 @@ def test_phase_rows_divide_each_phase_by_its_own_limit():
     """Sampling: 2 GFLOP at 1 GFLOP/s (bfloat16) and 1 GB at 1 GB/s -> limit 2 s, 4 s measured
     is 2x; the loss: 3 GFLOP at 3 GFLOP/s (float32) -> 1 s, 5 s is 5x; the optimizer: 0.5 GB ->
     0.5 s, 1 s is 2x; the old log-probs never ran: no row; together 10 s over 3.5 s. A phase's
-    peak RSS is its largest over the steps, the total's the largest of all; one step without
-    a peak leaves none."""
+    peak RSS is its largest over the steps that measured it, the total's the largest of all; a
+    phase no step measured has none."""
     peaks = {"matmul": {"bfloat16": {"flops_per_s": 1e9}, "float32": {"flops_per_s": 3e9}},
              "memory": {"bytes_per_s": 1e9}}  # fmt: skip
 
@@ -304,8 +304,10 @@ def test_phase_rows_divide_each_phase_by_its_own_limit():
     assert rows["total"]["x_of_limit"] == pytest.approx(10.0 / 3.5)
     peaks_by_phase = {p: r["peak_rss_bytes"] for p, r in rows.items()}
     assert peaks_by_phase == {"sampling": 40, "loss_backward": 30, "optimizer": 20, "total": 40}
-    unmeasured = roofline.summarise([step([10, 30, 20]), step([None, 25, 20])], peaks, dtypes)
-    assert unmeasured[0]["peak_rss_bytes"] is None and unmeasured[-1]["peak_rss_bytes"] is None
+    partly = roofline.summarise([step([10, 30, 20]), step([None, 25, 20])], peaks, dtypes)
+    assert partly[0]["peak_rss_bytes"] == 10 and partly[-1]["peak_rss_bytes"] == 30
+    unmeasured = roofline.summarise([step([None, 30, 20]), step([None, 25, 20])], peaks, dtypes)
+    assert unmeasured[0]["peak_rss_bytes"] is None and unmeasured[-1]["peak_rss_bytes"] == 30
 
 
 SHRUNK = ["prompts_per_step=2", "grpo.group_size=2", "grpo.batch_size=4", "task.train_size=8",

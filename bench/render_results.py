@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ import chess_results  # noqa: E402
 import decode_results  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
+import word_problem_seeds  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -192,96 +192,6 @@ def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]
     return render
 
 
-# ------------------------------------------------------------------ word problems
-SPLIT_NAMES = {"heldout_numbers": "new numbers", "heldout_phrasings": "unseen phrasings",
-               "heldout_bare": "bare question", "": "pooled"}  # fmt: skip
-
-
-def _key(split: str, metric: str = "accuracy") -> str:
-    """The greedy metric of a split ("": all splits pooled)."""
-    return (f"eval/{split}/greedy/" if split else "eval/greedy/") + metric
-
-
-def _split_cell(evaluation: dict, split: str) -> str:
-    return percent(evaluation[_key(split)]) if _key(split) in evaluation else "-"
-
-
-def _problems(evaluation: dict, split: str) -> int:
-    prefix = _key(split, "num_problems_ops")
-    return round(sum(v for k, v in evaluation.items() if k.startswith(prefix)))
-
-
-def _mean_row(evaluations: list[dict], step: int, splits: list[str]) -> str:
-    """The seeds' mean at `step`: each split's accuracy and its change from each seed's own
-    start (its step-0 evaluation), with the seeds' standard deviation of that change."""
-    first = min(evaluations[0])
-    cells = []
-    for split in splits:
-        gains = [100 * (by_step[step][_key(split)] - by_step[first][_key(split)])
-                 for by_step in evaluations]  # fmt: skip
-        mean = statistics.fmean(by_step[step][_key(split)] for by_step in evaluations)
-        cells.append(f"{percent(mean)} ({statistics.fmean(gains):+.1f} ± "
-                     f"{statistics.stdev(gains):.1f})")  # fmt: skip
-    return f"| mean (± seeds' s.d.) | {step} | | " + " | ".join(cells) + " |"
-
-
-def _start_rows(runs: list[dict], evaluations: list[dict], splits: list[str]) -> list[str]:
-    """The step-0 row: one ("all") where every seed starts from the same accuracies, else one
-    per distinct start, naming its seeds (greedy decoding rounds differently on another CPU)."""
-    starts: dict[tuple[str, ...], list[str]] = {}
-    for run, by_step in zip(runs, evaluations, strict=True):
-        cells = tuple(_split_cell(by_step[min(by_step)], s) for s in splits)
-        starts.setdefault(cells, []).append(str(run["seed"]))
-    label = (lambda seeds: "all") if len(starts) == 1 else ", ".join
-    return [f"| {label(seeds)} | 0 | 0 s | " + " | ".join(cells) + " |"
-            for cells, seeds in starts.items()]  # fmt: skip
-
-
-def word_problems(name: str) -> Callable[[dict], str]:
-    """A `train_seeds.py` record of a word-problem config: greedy accuracy per held-out split
-    at each evaluated step, per seed, with the start's clustered standard error."""
-
-    def render(records: dict) -> str:
-        record = records[name]
-        runs = record["results"]["runs"]
-        evaluations = [{e["step"]: e for e in r.get("checkpoint_evaluations") or r["evaluations"]}
-                       for r in runs]  # fmt: skip
-        steps = sorted(evaluations[0])
-        start = evaluations[0][steps[0]]
-        splits = [s for s in SPLIT_NAMES if _split_cell(start, s) != "-"]
-        head = ["seed", "step", "training", *(SPLIT_NAMES[s] for s in splits)]
-        rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        rows += _start_rows(runs, evaluations, splits)
-        for run, by_step in zip(runs, evaluations, strict=True):
-            for step in steps[1:]:
-                e = by_step[step]
-                cells = []
-                for split in splits:
-                    gain = 100 * (e[_key(split)] - by_step[steps[0]][_key(split)])
-                    cells.append(f"{_split_cell(e, split)} ({gain:+.1f})")
-                rows.append(f"| {run['seed']} | {step} | {e['training_seconds']:.0f} s | "
-                            + " | ".join(cells) + " |")  # fmt: skip
-        if len(runs) > 1:
-            rows.append(_mean_row(evaluations, steps[-1], splits))
-        noise = "; ".join(
-            f"{SPLIT_NAMES[s]} {100 * start[_key(s, 'accuracy_se')]:.1f} points over "
-            f"{_problems(start, s)} problems of {start[_key(s, 'num_equations')]:.0f} distinct "
-            "equations"
-            for s in splits if _key(s, "accuracy_se") in start
-        )  # fmt: skip
-        last = [by_step[steps[-1]] for by_step in evaluations]
-        peak = max(r["peak_rss_gib"] for r in runs)
-        notes = (f"Greedy accuracy (the reply's final number); in brackets the change from the "
-                 f"seed's own start. One accuracy's standard error, clustered by equation (problems that "
-                 f"share an equation are not independent): {noise}. Training time is the sum "
-                 f"of the steps' times; the whole processes peaked at {peak:.2f} GiB. "
-                 f"{len(last)} seed{'' if len(last) == 1 else 's'}.")  # fmt: skip
-        notes += timing_note(runs)
-        return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
-
-    return render
-
-
 # ------------------------------------------------------------------ samplers
 # ------------------------------------------------------------------ the README's summary
 def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
@@ -421,8 +331,10 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
-    "smollm2-math": word_problems("smollm2_math"),
-    "smollm2-math-forms": word_problems("smollm2_math_forms"),
+    "smollm2-math": functools.partial(word_problem_seeds.render, name="smollm2_math",
+                                      source=source, timing_note=timing_note),
+    "smollm2-math-forms": functools.partial(word_problem_seeds.render, name="smollm2_math_forms",
+                                            source=source, timing_note=timing_note),
     "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),

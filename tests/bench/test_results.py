@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import decode_results  # noqa: E402
 import records  # noqa: E402
 import render_results  # noqa: E402
+import word_problem_seeds  # noqa: E402
 
 
 def test_every_block_of_every_page_is_what_the_records_render():
@@ -193,7 +194,8 @@ def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
     runs = [{"seed": seed, "peak_rss_gib": 1.0, "flags": [], "evaluations": [
         start, {"step": 64, "training_seconds": 100.0, key: end}]}
         for seed, end in ((0, 0.4), (1, 0.6))]  # fmt: skip
-    text = render_results.word_problems("x")({"x": {"results": {"runs": runs}}})
+    text = word_problem_seeds.render({"x": {"results": {"runs": runs}}}, "x", lambda *r: "",
+                                     lambda runs: "")
     assert "| mean (± seeds' s.d.) | 64 | | 50.0 % (+20.0 ± 14.1) |" in text
     assert "| 1 | 64 | 100 s | 60.0 % (+30.0) |" in text
 
@@ -208,7 +210,8 @@ def test_word_problem_seeds_that_start_apart_gain_from_their_own_start(monkeypat
         {"step": 0, "training_seconds": 0.0, key: start},
         {"step": 64, "training_seconds": 100.0, key: end}]}
         for seed, start, end in ((0, 0.3, 0.4), (1, 0.2, 0.4), (2, 0.2, 0.5))]  # fmt: skip
-    text = render_results.word_problems("x")({"x": {"results": {"runs": runs}}})
+    text = word_problem_seeds.render({"x": {"results": {"runs": runs}}}, "x", lambda *r: "",
+                                     lambda runs: "")
     assert "| 0 | 0 | 0 s | 30.0 % |" in text and "| 1, 2 | 0 | 0 s | 20.0 % |" in text
     assert "| all |" not in text
     assert "| 0 | 64 | 100 s | 40.0 % (+10.0) |" in text

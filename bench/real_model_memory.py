@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from roofline_memory import reset_peak, status_bytes  # noqa: E402
+
 PROBLEMS = (
     "Tom has {a} apples and buys {b} more. How many apples does he have now?",
     "A box holds {a} pens. {b} pens are taken out. How many pens are left?",
@@ -51,13 +54,6 @@ def _prompts(B: int) -> list[dict]:
         messages = [{"role": "user", "content": text + ask}]
         rows.append({"prompt": messages})
     return rows
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def measure(model: str, engine: str, top_p: float, fold: str, shape: tuple, threads: int) -> dict:
@@ -84,30 +80,31 @@ def measure(model: str, engine: str, top_p: float, fold: str, shape: tuple, thre
     )
     reward = TextReward(lambda prompts, completions, **_: [float(len(c)) for c in completions])
     trainer = GRPOTrainer(policy, reward, None, config)
-    before = _status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # the peak-RSS counter restarts here
+    before = status_bytes("VmRSS")
+    if not reset_peak():  # the peak-RSS counter restarts here
+        raise SystemExit("this kernel does not let a process reset its peak RSS (clear_refs)")
     marks = {}
     optimizer_step = trainer.optimizer.step
 
     def marked_step(*args, **kwargs):  # the peak of everything before the optimizer step
-        marks.setdefault("before_optimizer", _status_kib("VmHWM"))
+        marks.setdefault("before_optimizer", status_bytes("VmHWM"))
         return optimizer_step(*args, **kwargs)
 
     trainer.optimizer.step = marked_step
     start = time.perf_counter()
     trainer.train_step(_prompts(B))
     seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
+    peak = status_bytes("VmHWM")
     V = policy.model.get_output_embeddings().weight.shape[0]
     return {
         "engine": engine,
         "top_p": top_p,
         "chunked_output_layer": fold,
         "shape": [B, G, T, V],
-        "rss_before_mib": before / 1024,
-        "step_peak_mib": peak / 1024,
-        "step_adds_mib": (peak - before) / 1024,
-        "before_optimizer_peak_mib": marks["before_optimizer"] / 1024,
+        "rss_before_mib": before / 2**20,
+        "step_peak_mib": peak / 2**20,
+        "step_adds_mib": (peak - before) / 2**20,
+        "before_optimizer_peak_mib": marks["before_optimizer"] / 2**20,
         "seconds": seconds,
         "length_mean": policy.rollout_metrics["completion/length_mean"],
         "threads": torch.get_num_threads(),

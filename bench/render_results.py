@@ -28,9 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
 import decode_results  # noqa: E402
+import gpu_results  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
+from provenance import flagged_sentence, machine_line, percent, source, timing_note  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -38,86 +40,9 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /re
                    re.S)  # fmt: skip
 
 
-# ------------------------------------------------------------------ provenance
-def machine_line(record: dict) -> str:
-    m = record["machine"]
-    flags = ", ".join(m["flags"]) or "no AVX-512"
-    where = m["gpu"] or f"{m['cpu']} ({m['cores']} cores, {flags})"
-    versions = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if k in ("torch", "trl"))
-    return f"{where}; {versions}"
-
-
-def _added(record: dict) -> str:
-    """For a record whose seeds were measured in several invocations (`train_seeds.py
-    --add-to`, each refused unless the files were unchanged): which seed ran when."""
-    runs = (record.get("results") or {}).get("runs") or []
-    if not any(isinstance(run, dict) and "commit" in run for run in runs):
-        return ""
-    when: dict[tuple[str, str, str], list[str]] = {}
-    for run in runs:
-        cpu = run.get("machine", record["machine"])["cpu"]
-        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]), cpu)
-        when.setdefault(key, []).append(str(run["seed"]))
-    several = len({cpu for _, _, cpu in when}) > 1
-    parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
-             + (f", on {cpu}" if several else "") for (commit, date, cpu), seeds in when.items()]
-    return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + ".")
-
-
-def _checked(check: dict) -> str:
-    """One `bench/verify_record.py` check of a record: what was replayed, against what."""
-    scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
-    head = f"Still current at commit {check['commit'][:7]} ({check['date'][:10]}): a replay of {scope}"
-    tool = f"({check['values']} values, `bench/verify_record.py`)"
-    against = check.get("against", "record")
-    if against == "record":
-        return f"{head} gives the recorded numbers exactly {tool}."
-    return (f"{head} on {against['cpu']} gives the same numbers with this commit's code as with "
-            f"the measured commit's, {against['commit'][:7]} {tool}; the measuring CPU rounds "
-            "otherwise, so the record's own numbers are not compared.")
-
-
-def source(*records: dict) -> str:
-    """Where the block's numbers come from, one line a record, and any staleness."""
-    lines = []
-    for record in records:
-        changed = record.get("dirty") or []
-        dirty = (f" (with uncommitted changes to {', '.join(f'`{d}`' for d in changed[:3])}"
-                 f"{' and more' if len(changed) > 3 else ''})" if changed else "")  # fmt: skip
-        lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
-                     f"{record['date']}, on {machine_line(record)}.{_added(record)}")  # fmt: skip
-        for check in record.get("verified", []):
-            lines.append(_checked(check))
-        changed = stale(record)
-        if changed:
-            shown = ", ".join(f"`{name}`" for name in changed[:6])
-            more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-            lines.append(f"**Stale:** {shown}{more} changed since this measurement; the numbers "
-                         f"may differ now. Measure again with the command above.")  # fmt: skip
-    return "\n\n".join(lines)
-
-
-def percent(x: float) -> str:
-    return f"{100 * x:.1f} %"
-
-
 # ------------------------------------------------------------------ the demo
 def _accuracy_by_step(run: dict, key: str = "eval/greedy/accuracy") -> dict[int, float]:
     return {e["step"]: e[key] for e in run.get("checkpoint_evaluations", run["evaluations"])}
-
-
-def timing_note(runs: list[dict]) -> str:
-    """The runs whose timing `common.timing_flags` flagged (the machine was not quiet), or ""."""
-    flagged = [f"seed {run['seed']} ({'; '.join(run['flags'])})" for run in runs if run.get("flags")]
-    if not flagged:
-        return ""
-    return " " + flagged_sentence(flagged)
-
-
-def flagged_sentence(flagged: list[str]) -> str:
-    """One sentence naming the runs whose timing `common.timing_flags` flagged."""
-    return ("Timing flagged, where the machine was not quiet before or during the run (the "
-            "1-minute load average still counts the run before it): " + "; ".join(flagged) + ".")
 
 
 def demo_output(records: dict) -> str:
@@ -217,12 +142,6 @@ def _vs_trl(record: dict) -> str:
     return f"a grpo step takes {step:.2f}x a TRL step; {reach}"
 
 
-def _gpu_summary(record: dict) -> str:
-    parts = record["results"]["parts"].values()
-    counts = {k: sum(p["status"] == k for p in parts) for k in ("ok", "failed", "skipped")}
-    return f"{counts['ok']} parts ran, {counts['failed']} failed, {counts['skipped']} skipped"
-
-
 SUMMARY = [  # (what, record, how its figure is read, the page that explains it)
     ("`make demo`: held-out greedy accuracy", "demo",
      lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/demo.md"),
@@ -234,7 +153,7 @@ SUMMARY = [  # (what, record, how its figure is read, the page that explains it)
      lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}")
      + f"; the chess loop's own run: {chess_results.SEED_001_START} -> {chess_results.SEED_001_END}",
      "docs/chess.md"),
-    ("`bench/gpu_check.py` on a GPU", "gpu_check", _gpu_summary, "docs/gpu.md"),
+    ("`bench/gpu_check.py` on a GPU", "gpu_check", gpu_results.gpu_summary, "docs/gpu.md"),
 ]  # fmt: skip
 
 
@@ -253,80 +172,6 @@ def summary(records: dict) -> str:
                               "whose source files changed since it was measured.")
 
 
-# ------------------------------------------------------------------ the GPU check
-def gpu_check(records: dict) -> str:
-    """Every part of `bench/gpu_check.py`'s record: its status, speed, memory and notes."""
-    record = records["gpu_check"]
-    report = record["results"]
-    rows = ["| part | status | s/step | completion tokens/s | peak GPU memory | notes |",
-            "|---|---|---|---|---|---|"]  # fmt: skip
-    for name, part in report["parts"].items():
-        cells = [f"{part[k]:.3g}" if isinstance(part.get(k), float) else "-"
-                 for k in ("s_per_step", "tokens_per_s")]  # fmt: skip
-        peak = f"{part['peak_gib']:.2f} GiB" if isinstance(part.get("peak_gib"), float) else "-"
-        notes = (part.get("reason") or part.get("summary") or "").replace("|", "/")
-        rows.append(f"| `{name}` | {part['status']} | {cells[0]} | {cells[1]} | {peak} | {notes} |")
-    counts = {k: sum(p["status"] == k for p in report["parts"].values())
-              for k in ("ok", "failed", "skipped")}  # fmt: skip
-    text = (f"On {report['device']} with torch {report['torch']}: {counts['ok']} parts ok, "
-            f"{counts['failed']} failed, {counts['skipped']} skipped.")  # fmt: skip
-    return text + "\n\n" + "\n".join(rows) + "\n\n" + source(record)
-
-
-FEATURES = [  # (feature, what `make test` shows on a CPU, the GPU check's parts that run it)
-    ("GRPO, Dr. GRPO, DAPO, GSPO, CISPO and REINFORCE losses; k1, k2, k3 KL estimators",
-     "hand-computed values; exact gradients on enumerable policies", ["step/demo/float32"]),
-    ("any transformers causal LM: full fine-tuning, frozen reference, chat templates",
-     "tiny Llama, Qwen2, Qwen3 and Mistral models built in the tests",
-     ["step/smollm2-135m/float32", "step/smollm2-135m/bfloat16", "exact/scoring"]),
-    ("LoRA adapters", "the reference is the adapter-free base; merged saves",
-     ["step/smollm2-135m/lora-bf16-mixed"]),
-    ("bf16 mixed precision (`policy.precision`)", "updates equal to float32's within rounding",
-     ["step/demo/bf16-mixed", "step/smollm2-135m/bf16-mixed"]),
-    ("`grpo train`: evaluation, checkpoints, the final model", "every file of a run directory",
-     ["train/demo"]),
-    ("resume after a crash, at the uninterrupted run's parameters", "kill -9, then --resume", []),
-    ("overlapped rollouts (`run.max_staleness`)", "staleness bound, no group lost or repeated",
-     ["train/demo-overlap"]),
-    ("FSDP2", "2 processes (gloo) reach one process's parameters",
-     ["step/demo/fsdp2-float32", "step/smollm2-135m/fsdp2-float32"]),
-    ("data parallel (DDP) over `torchrun`, NCCL on several GPUs",
-     "2 processes (gloo) reach one process's parameters", []),
-    ("vLLM in-process, sharing the trainer's weights", "vLLM's CPU build (`make test-vllm`)",
-     ["vllm/shared-engine", "vllm/copy-sleep-wake", "vllm/lora-merged-copy"]),
-    ("vLLM servers (`vllm serve`)", "one CPU-build server (`make test-vllm`)", []),
-    ("multi-turn environments, reward parsers, code sandbox; masked fill-in models",
-     "yes (the CPU is where they run)", []),
-]  # fmt: skip
-
-
-def _gpu_cell(report: dict | None, parts: list[str]) -> str:
-    """What the GPU check says of these parts: ran, failed, or not yet run (and why)."""
-    found = [report["parts"][p] for p in parts if report and p in report["parts"]]
-    if not found:
-        return "not yet run"
-    statuses = {part["status"] for part in found}
-    if statuses == {"ok"}:
-        return f"ran on an {report['device']}"
-    if "failed" in statuses:
-        failed = [p for p in parts if report["parts"].get(p, {}).get("status") == "failed"]
-        return "**failed** on an " + report["device"] + ": " + ", ".join(f"`{p}`" for p in failed)
-    if statuses == {"skipped"}:
-        return f"not yet run ({found[0]['reason']})"
-    ran = [p for p in parts if report["parts"].get(p, {}).get("status") == "ok"]
-    return f"partly: {', '.join(f'`{p}`' for p in ran)} ran on an {report['device']}"
-
-
-def features(records: dict) -> str:
-    """What works, what `make test` checks on a CPU, and what the GPU check found."""
-    report = records["gpu_check"]["results"] if "gpu_check" in records else None
-    rows = ["| feature | tested on a CPU (`make test`) | on a GPU (`bench/gpu_check.py`) |",
-            "|---|---|---|"]  # fmt: skip
-    rows += [f"| {name} | {cpu} | {_gpu_cell(report, parts)} |" for name, cpu, parts in FEATURES]
-    tail = source(records["gpu_check"]) if report else "No GPU check has run yet."
-    return "\n".join(rows) + "\n\n" + tail
-
-
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
@@ -339,7 +184,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
-    "gpu-check": gpu_check,
+    "gpu-check": functools.partial(gpu_results.gpu_check, source=source),
     "roofline": functools.partial(roofline_results.render, source=source),
     "roofline-gemma": functools.partial(
         roofline_results.render, source=source, name="roofline_gemma"
@@ -360,7 +205,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
-    "features": features,
+    "features": functools.partial(gpu_results.features, source=source),
     "summary": summary,
 }
 

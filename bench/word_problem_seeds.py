@@ -11,10 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-
-def percent(x: float) -> str:
-    return f"{100 * x:.1f} %"
-
+from provenance import percent
 
 SPLIT_NAMES = {"heldout_numbers": "new numbers", "heldout_phrasings": "unseen phrasings",
                "heldout_bare": "bare question", "": "pooled"}  # fmt: skip

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import decode_results  # noqa: E402
+import provenance  # noqa: E402
 import records  # noqa: E402
 import render_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
@@ -138,10 +139,10 @@ def test_a_stale_record_is_rendered_with_a_warning_naming_the_files(monkeypatch)
               "date": "2026-01-01 00:00 UTC", "depends_on": {}, "depends_on_paths": [],
               "machine": {"cpu": "CPU", "cores": 2, "flags": [], "gpu": None,
                           "packages": {"torch": "2"}}}  # fmt: skip
-    assert "Stale" not in render_results.source(record)
-    assert "`python bench/x.py` at commit 0123456" in render_results.source(record)
-    monkeypatch.setattr(render_results, "stale", lambda r: ["grpo/lm/policy.py"])
-    assert "**Stale:** `grpo/lm/policy.py` changed" in render_results.source(record)
+    assert "Stale" not in provenance.source(record)
+    assert "`python bench/x.py` at commit 0123456" in provenance.source(record)
+    monkeypatch.setattr(provenance, "stale", lambda r: ["grpo/lm/policy.py"])
+    assert "**Stale:** `grpo/lm/policy.py` changed" in provenance.source(record)
 
 
 def test_an_unknown_block_is_an_error():
@@ -185,10 +186,9 @@ def test_a_block_whose_record_is_missing_says_so_and_shows_no_number():
     assert "99.9" not in rendered
 
 
-def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
+def test_word_problem_seeds_get_a_mean_row_with_their_spread():
     """Two seeds ending at 40 % and 60 % on one split from a 30 % start: the mean row shows
     50.0 %, a +20.0-point change and the seeds' s.d. of that change, sqrt(2) x 10 = 14.1."""
-    monkeypatch.setattr(render_results, "source", lambda *records: "")
     key = "eval/heldout_numbers/greedy/accuracy"
     start = {"step": 0, "training_seconds": 0.0, key: 0.3}
     runs = [{"seed": seed, "peak_rss_gib": 1.0, "flags": [], "evaluations": [
@@ -200,11 +200,10 @@ def test_word_problem_seeds_get_a_mean_row_with_their_spread(monkeypatch):
     assert "| 1 | 64 | 100 s | 60.0 % (+30.0) |" in text
 
 
-def test_word_problem_seeds_that_start_apart_gain_from_their_own_start(monkeypatch):
+def test_word_problem_seeds_that_start_apart_gain_from_their_own_start():
     """Seed 0 starts at 30 % (one CPU), seeds 1 and 2 at 20 % (another): two start rows, and
     each change is from the seed's own start: 40 % is +10.0 for seed 0 but +20.0 for seed 1;
     the mean change of +10, +20 and +30 is +20.0 with s.d. 10.0."""
-    monkeypatch.setattr(render_results, "source", lambda *records: "")
     key = "eval/heldout_numbers/greedy/accuracy"
     runs = [{"seed": seed, "peak_rss_gib": 1.0, "flags": [], "evaluations": [
         {"step": 0, "training_seconds": 0.0, key: start},
@@ -221,7 +220,7 @@ def test_word_problem_seeds_that_start_apart_gain_from_their_own_start(monkeypat
 
 def test_seeds_added_later_say_when_each_ran(monkeypatch):
     """A record joined by `train_seeds.py --add-to` names each seed's commit and date."""
-    monkeypatch.setattr(render_results, "stale", lambda record: [])
+    monkeypatch.setattr(provenance, "stale", lambda record: [])
     record = {"command": "python bench/train_seeds.py c.yaml --name x --seeds 0 1 2",
               "commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "dirty": [],
               "machine": {"cpu": "cpu", "cores": 2, "flags": [], "gpu": None, "packages": {}},
@@ -229,7 +228,7 @@ def test_seeds_added_later_say_when_each_ran(monkeypatch):
                   {"seed": 0, "commit": "a" * 40, "date": "2026-12-04 19:00 UTC"},
                   {"seed": 1, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC"},
                   {"seed": 2, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC"}]}}  # fmt: skip
-    text = render_results.source(record)
+    text = provenance.source(record)
     assert ("seed 0 at commit aaaaaaa, 2026-12-04 19:00 UTC; seeds 1, 2 at commit bbbbbbb, "
             "2026-12-05 09:00 UTC.") in text
 

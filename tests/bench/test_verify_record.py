@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+import provenance  # noqa: E402
 import records  # noqa: E402
-import render_results  # noqa: E402
 import time_to_accuracy  # noqa: E402
 import train_seeds  # noqa: E402
 import verify_record  # noqa: E402
@@ -84,5 +84,5 @@ def test_a_record_from_another_machine_is_checked_against_its_own_commit_replaye
     assert verify_record.verify("tiny", folder=path.parent)
     check = json.loads(path.read_text())["verified"][0]
     assert check["against"]["commit"] == record["commit"] and check["values"] > 0
-    rendered = render_results._checked(check)
+    rendered = provenance.checked(check)
     assert "gives the same numbers with this commit's code as with the measured commit's" in rendered

@@ -1,0 +1,91 @@
+"""Where a rendered block's numbers come from: one line a record, with its command, commit,
+date and machine, the replays that checked it since, and any staleness.
+
+`source(*records)` ends every block `bench/render_results.py` renders; `timing_note` names the
+runs whose timing `common.timing_flags` flagged.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import stale  # noqa: E402
+
+__all__ = ["added", "checked", "flagged_sentence", "machine_line", "percent", "source", "timing_note"]
+
+def machine_line(record: dict) -> str:
+    m = record["machine"]
+    flags = ", ".join(m["flags"]) or "no AVX-512"
+    where = m["gpu"] or f"{m['cpu']} ({m['cores']} cores, {flags})"
+    versions = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if k in ("torch", "trl"))
+    return f"{where}; {versions}"
+
+
+def added(record: dict) -> str:
+    """For a record whose seeds were measured in several invocations (`train_seeds.py
+    --add-to`, each refused unless the files were unchanged): which seed ran when."""
+    runs = (record.get("results") or {}).get("runs") or []
+    if not any(isinstance(run, dict) and "commit" in run for run in runs):
+        return ""
+    when: dict[tuple[str, str, str], list[str]] = {}
+    for run in runs:
+        cpu = run.get("machine", record["machine"])["cpu"]
+        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]), cpu)
+        when.setdefault(key, []).append(str(run["seed"]))
+    several = len({cpu for _, _, cpu in when}) > 1
+    parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
+             + (f", on {cpu}" if several else "") for (commit, date, cpu), seeds in when.items()]
+    return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + ".")
+
+
+def checked(check: dict) -> str:
+    """One `bench/verify_record.py` check of a record: what was replayed, against what."""
+    scope = check.get("scope") or f"seed {check['seed']}'s first {check['steps']} steps"
+    head = f"Still current at commit {check['commit'][:7]} ({check['date'][:10]}): a replay of {scope}"
+    tool = f"({check['values']} values, `bench/verify_record.py`)"
+    against = check.get("against", "record")
+    if against == "record":
+        return f"{head} gives the recorded numbers exactly {tool}."
+    return (f"{head} on {against['cpu']} gives the same numbers with this commit's code as with "
+            f"the measured commit's, {against['commit'][:7]} {tool}; the measuring CPU rounds "
+            "otherwise, so the record's own numbers are not compared.")
+
+
+def source(*records: dict) -> str:
+    """Where the block's numbers come from, one line a record, and any staleness."""
+    lines = []
+    for record in records:
+        changed = record.get("dirty") or []
+        dirty = (f" (with uncommitted changes to {', '.join(f'`{d}`' for d in changed[:3])}"
+                 f"{' and more' if len(changed) > 3 else ''})" if changed else "")  # fmt: skip
+        lines.append(f"Measured by `{record['command']}` at commit {record['commit'][:7]}{dirty}, "
+                     f"{record['date']}, on {machine_line(record)}.{added(record)}")  # fmt: skip
+        for check in record.get("verified", []):
+            lines.append(checked(check))
+        changed = stale(record)
+        if changed:
+            shown = ", ".join(f"`{name}`" for name in changed[:6])
+            more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+            lines.append(f"**Stale:** {shown}{more} changed since this measurement; the numbers "
+                         f"may differ now. Measure again with the command above.")  # fmt: skip
+    return "\n\n".join(lines)
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def timing_note(runs: list[dict]) -> str:
+    """The runs whose timing `common.timing_flags` flagged (the machine was not quiet), or ""."""
+    flagged = [f"seed {run['seed']} ({'; '.join(run['flags'])})" for run in runs if run.get("flags")]
+    if not flagged:
+        return ""
+    return " " + flagged_sentence(flagged)
+
+
+def flagged_sentence(flagged: list[str]) -> str:
+    """One sentence naming the runs whose timing `common.timing_flags` flagged."""
+    return ("Timing flagged, where the machine was not quiet before or during the run (the "
+            "1-minute load average still counts the run before it): " + "; ".join(flagged) + ".")

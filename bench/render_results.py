@@ -180,6 +180,8 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
                                       source=source, timing_note=timing_note),
     "smollm2-math-forms": functools.partial(word_problem_seeds.render, name="smollm2_math_forms",
                                             source=source, timing_note=timing_note),
+    "gemma3-math": functools.partial(word_problem_seeds.render, name="gemma3_math",
+                                     source=source, timing_note=timing_note),
     "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),

@@ -47,6 +47,7 @@ __all__ = [
     "PAD",
     "ROLE_TOKENS",
     "SLIDING_WINDOW",
+    "PLAIN_REPLIES",
     "UNK",
     "WORDS",
     "build_tiny_causal_lm",
@@ -55,6 +56,7 @@ __all__ = [
     "load_tiny_causal_lm",
     "random_words",
     "supervised_warm_start",
+    "teach_plain_replies",
 ]
 
 PAD, EOS, UNK, BOS = "<pad>", "<eos>", "<unk>", "<bos>"
@@ -136,13 +138,19 @@ def gemma3_config(**values) -> Gemma3TextConfig:
 
 
 def _config(
-    arch: str, vocab_size: int, pad_id: int | None, eos_id: int, bos_id: int, max_positions: int
+    arch: str,
+    vocab_size: int,
+    pad_id: int | None,
+    eos_id: int,
+    bos_id: int,
+    max_positions: int,
+    window: int = SLIDING_WINDOW,
 ):
     special = {"pad_token_id": pad_id, "eos_token_id": eos_id, "bos_token_id": bos_id}
     if arch == "gemma3":  # Gemma 3's own head_dim and query scaling, two window layers per full
         return gemma3_config(
             vocab_size=vocab_size, num_hidden_layers=3, query_pre_attn_scalar=8,
-            sliding_window=SLIDING_WINDOW, max_position_embeddings=max_positions,
+            sliding_window=window, max_position_embeddings=max_positions,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"], **special,
         )  # fmt: skip
     if arch == "gpt2":
@@ -181,17 +189,18 @@ def build_tiny_causal_lm(
     with_pad: bool = True,
     max_positions: int = 64,
     vocab_size: int | None = None,
+    sliding_window: int = SLIDING_WINDOW,
 ) -> Path:
     """Save a random-init `arch` model (hidden 32, 2 layers; gemma3: 3) and its tokenizer to
     `path`. `vocab_size`: the model's (default: the tokenizer's); ids past the tokenizer's
-    decode to ''."""
+    decode to ''. `sliding_window`: gemma3's sliding layers' window."""
     path = Path(path)
     tokenizer = build_tokenizer(with_pad=with_pad, base=arch in BASE_ARCHS)
     pad_id = tokenizer.pad_token_id if with_pad else None
     eos_id = tokenizer.eos_token_id
     bos_id = eos_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
     V = len(tokenizer) if vocab_size is None else vocab_size
-    config = _config(arch, V, pad_id, eos_id, bos_id, max_positions)
+    config = _config(arch, V, pad_id, eos_id, bos_id, max_positions, sliding_window)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.pad_token_id = pad_id
@@ -250,6 +259,33 @@ def supervised_warm_start(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+PLAIN_REPLIES = (" Answer: 7", " I do not know.")
+"""What `teach_plain_replies` teaches a base model to answer, each followed by the plain stop."""
+
+
+def teach_plain_replies(source: str | Path, path: str | Path) -> Path:
+    """The base model saved at `source` taught (80 steps of `supervised_warm_start` on short plain
+    questions, which is cheap) to answer one of `PLAIN_REPLIES` and go on to the next question
+    (`grpo.lm.prompt_forms.PLAIN_STOP`), saved to `path`: with a sliding window shorter than a
+    word problem, its samples on word problems end at the plain stop too, and their format
+    reward differs within a group."""
+    from grpo.lm.prompt_forms import PLAIN_STOP, plain_text
+
+    model, tokenizer = load_tiny_causal_lm(source)
+    rng = random.Random(0)
+    pairs = [(plain_text([{"role": "user", "content": random_words(rng, 2, 8)}]),
+              PLAIN_REPLIES[i % 2] + PLAIN_STOP) for i in range(64)]  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only wait on each other
+    try:
+        supervised_warm_start(model, tokenizer, pairs, steps=80, lr=1e-2)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return Path(path)
 
 
 def spans(mask):

@@ -6,7 +6,6 @@ tests/tiny_models.py (sliding-window and full attention, no chat template, a BOS
 from __future__ import annotations
 
 import json
-import random
 import textwrap
 from pathlib import Path
 
@@ -14,12 +13,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from tiny_models import (
-    build_tiny_causal_lm,
-    load_tiny_causal_lm,
-    random_words,
-    supervised_warm_start,
-)
+from tiny_models import build_tiny_causal_lm, teach_plain_replies
 
 from grpo.cli import main
 from grpo.cli.tasks import build_task
@@ -46,24 +40,10 @@ def gemma3(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def answering_gemma3(gemma3, tmp_path_factory) -> Path:
-    """The tiny Gemma 3 taught (on short plain questions, which is cheap) to answer " Answer: 7"
-    or " I do not know." and go on to the next question: on word problems its samples end at
-    the plain stop, and their format reward differs within a group."""
-    model, tokenizer = load_tiny_causal_lm(gemma3)
-    rng = random.Random(0)
-    replies = (" Answer: 7", " I do not know.")
-    pairs = [(plain_text([{"role": "user", "content": random_words(rng, 2, 8)}]),
-              replies[i % 2] + PLAIN_STOP) for i in range(64)]  # fmt: skip
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only wait on each other
-    try:
-        supervised_warm_start(model, tokenizer, pairs, steps=80, lr=1e-2)
-    finally:
-        torch.set_num_threads(threads)
-    path = tmp_path_factory.mktemp("answering-gemma3")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    """The tiny Gemma 3 taught to answer " Answer: 7" or " I do not know." and go on to the
+    next question (`teach_plain_replies`): on word problems its samples end at the plain stop,
+    and their format reward differs within a group."""
+    return teach_plain_replies(gemma3, tmp_path_factory.mktemp("answering-gemma3"))
 
 
 @pytest.fixture(scope="module")

@@ -4,29 +4,59 @@ training wall time: the worker side of `bench/time_to_accuracy.py`.
 Both libraries get the same things, all taken from one grpo `RunConfig` (the
 workload's config file plus its overrides: configs/demo.yaml's arithmetic on the
 shipped arith-tiny model, configs/chess.yaml's move lists on the shipped
-chess-tiny model, or configs/smollm2_math.yaml's word problems on
-SmolLM2-135M-Instruct, prompts as chat messages through the model's chat
-template in both): the same model folder, the same train and held-out problems
-(built by grpo's task), the same reward functions and weights, B prompts x G
-samples per step, the same sampling settings, AdamW at the same rate with the
+chess-tiny model, configs/smollm2_math.yaml's word problems on
+SmolLM2-135M-Instruct as chat messages through its chat template, or
+configs/gemma3_math.yaml's on the base model Gemma 3 270M as plain
+"Question: ...\\nAnswer:" text): the same model folder, loaded in float32 with
+`model.freeze`'s parameters frozen by grpo's `freeze_parameters` (no gradient, no
+optimizer state), the same train and held-out problems (built by grpo's task),
+each prompt exactly as grpo's policy reads it (chat messages, or the plain form's
+str: TRL applies no chat template to it and tokenizes it as grpo does, one BOS),
+the same reward functions and weights, B prompts x G samples per step, the same
+sampling settings (max new tokens, temperature, top-p, top-k) and stop strings
+(the plain form's "\\nQuestion:", which TRL 1.16 has no setting for:
+`bench/trl_stops.py`, whose cut is grpo's own), AdamW at the same rate with the
 same schedule, the same gradient clip, the same KL (grpo's `kl_coeff` as TRL's
 `beta`, both the plain k3 estimate to a frozen copy of the starting model: TRL's
 `use_bias_correction_kl` off), the same loss denominator (`TRL_LOSS_TYPES`), the
-same precision (fp32, or bf16 autocast: TRL's `bf16=True`; `auto` resolved as grpo
-resolves it on this CPU), the same thread count.
+same precision (fp32, or bf16 autocast: TRL's `bf16=True`, which autocasts its
+sampler's forward passes too; `auto` resolved as grpo resolves it on this CPU),
+the same thread count.
 
 The headline figure is held-out greedy accuracy, or for a task without one
 (chess) the held-out greedy reward (`HEADLINE`); "accuracy" in the records
-names that figure.
+names that figure (for word problems: pooled over the held-out splits, each
+split's recorded too, `EXTRA`).
 
 Evaluation is identical too: grpo's own evaluator (greedy, the task's held-out
-problems) on a grpo policy holding a copy of the trained weights. Its time is
-not counted: the clock runs only while a library trains (sampling, rewards,
-loss, backward, optimizer), so "seconds" is training wall time, and
-"cpu_seconds" the process's CPU time over the same spans (all threads).
+problems, in the task's prompt form) on a grpo policy holding a copy of the
+trained weights. Its time is not counted: the clock runs only while a library
+trains (sampling, rewards, loss, backward, optimizer), so "seconds" is training
+wall time, and "cpu_seconds" the process's CPU time over the same spans (all
+threads).
 
 TRL 1.16 turns gradient checkpointing on by default; it is set as grpo's
 (`policy.gradient_checkpointing`, off), so both store activations alike.
+
+Where the two still differ, by design or because TRL has no setting for it:
+- The sampler: grpo samples with its `rollout.engine` (configs/gemma3_math.yaml
+  and smollm2's: the lean decoding loop, over a bfloat16 copy of the weights
+  under bf16-mixed), TRL with transformers `generate` on its float32 weights
+  under bf16 autocast. The same distribution to rounding, not the same draws.
+- The stop string is found by transformers' `StopStringCriteria` in TRL and
+  by decoding the new text in grpo; both end a row at the token that completes
+  it, and TRL's completions are then cut by grpo's `split_completion`, so the
+  reward and the loss see the same completion either way.
+- TRL counts every completion that does not end in an EOS as clipped
+  (`completions/clipped_ratio`), stopped ones included: a metric only
+  (`mask_truncated_completions` off, and nothing is logged).
+- The log-prob passes are each library's own (grpo: a group's prompt
+  forwarded once, the output layer folded into a chunked log-softmax; TRL: its
+  fused LM head): equal to rounding.
+- TRL's process also holds the evaluator's model (float32, and under
+  bf16-mixed with the lean engine the bfloat16 copy it samples with), which a
+  grpo run evaluates with its own: TRL's peak RSS is that much higher (for
+  Gemma 3 270M about 1.6 GiB: 1.0 in float32, 0.5 in bfloat16).
 """
 
 from __future__ import annotations
@@ -158,10 +188,9 @@ def trl_config(config: Any, seed: int, out: Path) -> Any:
 
 
 def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list[dict]:
-    """TRL 1.16's GRPOTrainer; evaluations (in a callback) are taken off the clock."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
+    """TRL 1.16's GRPOTrainer (`trl_trainer`); evaluations (in a callback) are taken off the
+    clock."""
+    from transformers import TrainerCallback
 
     from grpo.cli.tasks import build_task
     from grpo.run.train import seed_everything
@@ -193,21 +222,42 @@ def trl_run(overrides: list[str], seed: int, eval_every: int, out: Path) -> list
             if state.global_step % eval_every == 0 or state.global_step == steps:
                 evaluate(state.global_step, model)
 
+    trainer = trl_trainer(config, parts, seed, out)
+    trainer.add_callback(Evaluate())
+    time_sampling(trainer.model, clock)
+    torch.set_num_threads(config.run.threads or torch.get_num_threads())
+    trainer.train()
+    return points
+
+
+def trl_trainer(config: Any, parts: Any, seed: int, out: Path) -> Any:
+    """TRL's GRPOTrainer for grpo's `config` on `parts`' training rows: the model folder loaded
+    in float32 with `model.freeze`'s parameters frozen (grpo's `freeze_parameters`), each row's
+    prompt as grpo's policy reads it (a str for the plain form: no chat template), grpo's
+    reward functions and weights, generation ending at the stop strings grpo's policy samples
+    with (`trl_stops`)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+    from trl_stops import generation_kwargs, stop_at_strings
+
+    from grpo.lm.loading import freeze_parameters
+
     functions, weights = trl_rewards(config, parts.reward)
     path = os.path.expanduser(config.model.path)  # grpo expands "~"; transformers does not
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if config.model.freeze:  # before TRL builds its optimizer: no Adam state for them either
+        freeze_parameters(model, tuple(config.model.freeze), "model.freeze")
+    stops = parts.policy.settings.generation.stop_strings  # the plain form's stop joined
     args = trl_config(config, seed, out)
-    args.reward_weights = weights
+    args.reward_weights, args.generation_kwargs = weights, generation_kwargs(stops)
     trainer = GRPOTrainer(
         model=model, reward_funcs=functions, args=args,
         train_dataset=Dataset.from_list([dict(r) for r in parts.train_states]),
         processing_class=AutoTokenizer.from_pretrained(path), peft_config=trl_lora(config),
     )  # fmt: skip
-    trainer.add_callback(Evaluate())
-    time_sampling(model, clock)
-    torch.set_num_threads(config.run.threads or torch.get_num_threads())
-    trainer.train()
-    return points
+    stop_at_strings(trainer, stops)
+    return trainer
 
 
 def trl_lora(config: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Held-out accuracy against training wall time: grpo and TRL 1.16 on the demo workload.
+"""Held-out accuracy against training wall time: grpo and TRL 1.16 on the same workload.
 
     python bench/time_to_accuracy.py                      # demo workload, 3 seeds each
     python bench/time_to_accuracy.py --workload minus     # + and -: a harder task
@@ -8,6 +8,19 @@
     python bench/time_to_accuracy.py --workload smollm2 --libraries trl --trl-steps 20 \
         --eval-every 10 --grpo-run runs/smollm2_math   # grpo's curve from a `grpo train` run
     python bench/time_to_accuracy.py --workload chess --eval-every 100 --record chess_vs_trl
+    python bench/time_to_accuracy.py --workload gemma3 --seeds 1 --steps 2 --eval-every 1 \\
+        --set task.eval_size=10   # a quick look at the base-model workload
+
+The gemma3 workload is configs/gemma3_math.yaml (`grpo fetch gemma3-270m --accept-license
+gemma` first): a base model asked word problems as plain "Question: ...\\nAnswer:" text,
+generation ending at "\\nQuestion:", its tied embedding frozen (`model.freeze`). TRL gets
+the same str prompts (no chat template), the same stop string (which TRL 1.16 has no
+setting for: `bench/trl_stops.py`), the same frozen parameters, precision and settings;
+where it still differs is listed in `bench/accuracy_workers.py`. Three seeds each of its
+64 steps, evaluated every 16 steps on the three held-out splits of 200 problems:
+
+    python bench/time_to_accuracy.py --workload gemma3 --eval-every 16 --record gemma3_vs_trl \\
+        --png gemma3_vs_trl.png
 
 The chess workload compares held-out greedy reward rather than accuracy (the task has
 none): "accuracy" below then means that reward. `--record NAME` writes the records and
@@ -67,8 +80,11 @@ WORKLOADS = {  # name -> overrides (of configs/demo.yaml, or of the config=FILE 
     # about 1 % of them right: too few groups with any signal for either library.
     "minus": ['task.options.operators=["+", "-"]'],
     # word problems on SmolLM2-135M-Instruct (`grpo fetch smollm2` first): accuracy is the
-    # greedy accuracy pooled over both held-out splits; each split's is recorded too
+    # greedy accuracy pooled over the held-out splits; each split's is recorded too
     "smollm2": ["config=configs/smollm2_math.yaml"],
+    # the same word problems on Gemma 3 270M, a base model (`grpo fetch gemma3-270m`): plain
+    # "Question: ... Answer:" prompts, generation ending at "\nQuestion:", the embedding frozen
+    "gemma3": ["config=configs/gemma3_math.yaml"],
     # the chess loop's task on the shipped chess-tiny model (beta 0.1, temperature 0.5, top_p 0.9):
     # compared on held-out greedy reward
     "chess": ["config=configs/chess.yaml"],
@@ -188,6 +204,8 @@ def summarise(records: list[dict]) -> dict:
                 for frac in (0.25, 0.5, 1.0)
             }
         summary["trl_start"] = med(p[0]["accuracy"] for p in by["trl"])
+        # peak memory as a ratio of the medians (TRL's includes its evaluator's copy of the model)
+        summary["ratio_peak_rss"] = summary["grpo"]["peak_rss_gib"] / summary["trl"]["peak_rss_gib"]
         if target <= summary["trl_start"] + 1e-9:
             # TRL ended no higher than it started: both "reach" it at 0 s, no ratio to quote
             summary["ratio_time_to_trl_final"] = summary["ratio_to_trl_run"] = None
@@ -229,6 +247,8 @@ def table(summary: dict) -> str:
                     f"{summary['ratio_to_trl_run']:.2f}")  # fmt: skip
         rows.append(f"grpo / TRL time to TRL's final accuracy: "
                     f"{summary['ratio_time_to_trl_final']:.2f}")  # fmt: skip
+    if "ratio_peak_rss" in summary:
+        rows.append(f"grpo / TRL peak RSS: {summary['ratio_peak_rss']:.2f}")
     return "\n".join(rows)
 
 
@@ -273,7 +293,7 @@ def record_depends_on(overrides: list[str]) -> list[str]:
     if overrides and overrides[0].startswith("config="):
         path = overrides[0].split("=", 1)[1]
     config = load_config(str(REPO / path), [o for o in overrides if not o.startswith("config=")])
-    ours = ["bench/time_to_accuracy.py", "bench/accuracy_workers.py", path]
+    ours = ["bench/time_to_accuracy.py", "bench/accuracy_workers.py", "bench/trl_stops.py", path]
     return [*ours, *config_files(config), *TRAINING_PATH]
 
 

@@ -64,6 +64,16 @@ def test_no_time_ratio_when_trl_ends_no_higher_than_it_started():
     assert "TRL's whole training run" not in text
 
 
+def test_peak_memory_is_compared_as_a_ratio_of_medians():
+    """grpo's median peak RSS over TRL's: (2 + 4) / 2 = 3 GiB over the median of 4, 5 and 7."""
+    records = [_record(lib, [(0, 0.0, 0.3), (10, 10.0, 0.6)]) for lib in ["grpo"] * 2 + ["trl"] * 3]
+    for record, peak in zip(records, (2.0, 4.0, 5.0, 4.0, 7.0), strict=True):
+        record["peak_rss_gib"] = peak
+    s = tta.summarise(records)
+    assert s["ratio_peak_rss"] == 3.0 / 5.0
+    assert "grpo / TRL peak RSS: 0.60" in tta.table(s)
+
+
 def test_busy_or_starved_runs_are_flagged_in_the_table():
     """A run that started with load above half the cores, or got CPU under 0.8 x wall x threads,
     is named in its library's row; a clean one and a record without measurements are not."""
@@ -142,3 +152,29 @@ def test_a_run_whose_threads_sleep_is_flagged_only_when_its_main_thread_starved(
     assert worker_env()["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert worker_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (.[bench])")
+def test_the_gemma3_workload_runs_both_libraries_through_one_evaluator(tmp_path, wide_gemma3):
+    """configs/gemma3_math.yaml on a tiny base Gemma 3 (its sampler, prompts and stop as they
+    are): one step of each library, each evaluated on the three held-out splits by grpo's
+    evaluator, which gives both the same step-0 figures (the same weights, the same code)."""
+    out = tmp_path / "gemma3.json"
+    sets = [f"model.path={wide_gemma3}", "task.train_size=8", "task.eval_size=2",
+            "prompts_per_step=2", "grpo.group_size=2", "grpo.batch_size=2",
+            "grpo.gradient_accumulation_steps=2", "policy.micro_batch_size=2",
+            "policy.generation.max_new_tokens=8", "run.threads=1"]  # fmt: skip
+    tta.main(["--workload", "gemma3", "--seeds", "1", "--steps", "1", "--eval-every", "1",
+              *(arg for value in sets for arg in ("--set", value)), "--json", str(out)])  # fmt: skip
+    written = json.loads(out.read_text())
+    assert written["overrides"][0] == "config=configs/gemma3_math.yaml"
+    records = {record["library"]: record for record in written["records"]}
+    assert sorted(records) == ["grpo", "trl"]
+    for record in records.values():
+        assert [p["step"] for p in record["points"]] == [0, 1]
+        for split in ("heldout_numbers", "heldout_phrasings", "heldout_bare"):
+            assert 0 <= record["points"][-1][f"{split}/greedy/accuracy"] <= 1
+    clocks = ("seconds", "cpu_seconds", "sampling_seconds")
+    start = {lib: {k: v for k, v in r["points"][0].items() if k not in clocks}
+             for lib, r in records.items()}  # fmt: skip
+    assert start["grpo"] == start["trl"] and "greedy/length_mean" in start["trl"]

@@ -185,6 +185,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
+    "gemma3-vs-trl": trl_comparison("gemma3_vs_trl"),
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),
     "gpu-check": functools.partial(gpu_results.gpu_check, source=source),
     "roofline": functools.partial(roofline_results.render, source=source),

@@ -35,7 +35,7 @@ __all__ = ["GRPOConfig", "check_on_policy"]
 
 @dataclass
 class GRPOConfig:
-    """Hyper-parameters of one GRPO run (the framework API's fields, plus variants)."""
+    """Hyper-parameters of one GRPO run, and the loss variants it can take."""
 
     group_size: int = 4
     """G: actions sampled per state. At least 2, or no action has a competitor."""
@@ -58,9 +58,8 @@ class GRPOConfig:
     """Divide advantages by a standard deviation (see `advantage_scale`)."""
     ref_update_frequency: int = 0
     """Copy the policy into the reference every this many steps; 0 = never (a fixed reference,
-    the GRPO paper's and the chess loop's choice; the framework API's default was 1). Every step (1) makes the
-    reference the policy that sampled the step, so with one optimizer step per rollout the KL
-    term is exactly 0 (a warning says so)."""
+    as in the GRPO paper). Every step (1) makes the reference the policy that sampled the
+    step, so with one optimizer step per rollout the KL term is exactly 0 (a warning says so)."""
 
     advantage_epsilon: float = 1e-4
     """Added to the standard deviation so that a group of equal rewards does not divide by 0."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import typing
 from typing import Any
@@ -31,8 +32,9 @@ file is stale). A config is YAML; every key is optional. Values merge in this
 order, later winning: the defaults below, the `preset`'s values, the file,
 then `--set key=value` on the command line. Unknown keys, wrong types and
 contradictory values are rejected before any model loads, with the key named.
-A description that names the chess loop, picoRL or the framework API means one
-of [the designs `grpo` comes from](architecture.md#where-the-design-came-from).
+The keys for CUDA (`model.device: cuda`), vLLM on a GPU (`rollout`) and several
+GPUs (`distributed`) are tested on CPUs only and have not run on a GPU yet
+([what has run where](../README.md#what-works-and-where-it-has-run)).
 
 ```bash
 grpo train configs/demo.yaml --set schedule.num_steps=200 --set run.dir=runs/demo-200
@@ -81,6 +83,14 @@ def _value(value: Any) -> str:
     return f"{value}"
 
 
+def _default(value: Any) -> str:
+    """A table's default cell: the value as code, or `= KEY` for a value that is another
+    key's (an OmegaConf interpolation such as `${seed}`)."""
+    if isinstance(value, str) and (ref := re.fullmatch(r"\$\{([\w.]+)\}", value)):
+        return f"= `{ref[1]}`"
+    return f"`{_value(value)}`"
+
+
 def _field_default(f: dataclasses.Field) -> Any:
     """A field's own default, for sections that are null by default (e.g. model.lora)."""
     if f.default is not dataclasses.MISSING:
@@ -104,7 +114,7 @@ def _rows(cls: type, defaults: Any, prefix: str) -> list[str]:
         if item is not None:  # a list of sections; another accepted form is in the docstring
             kind = "list" if typing.get_origin(hints[f.name]) is list else "list or mapping"
             doc = _cell(docs.get(f.name, ""))
-            rows.append(f"| `{key}` | {kind} | `{_value(default)}` | {doc} |")
+            rows.append(f"| `{key}` | {kind} | {_default(default)} | {doc} |")
             rows.extend(_rows(item, None, f"{key}[]."))
             continue
         if nested is not None:
@@ -113,7 +123,7 @@ def _rows(cls: type, defaults: Any, prefix: str) -> list[str]:
             rows.extend(_rows(nested, default, f"{key}."))
             continue
         kind = str(raw[f.name]).replace("|", "or")
-        rows.append(f"| `{key}` | {kind} | `{_value(default)}` | {_cell(docs.get(f.name, ''))} |")
+        rows.append(f"| `{key}` | {kind} | {_default(default)} | {_cell(docs.get(f.name, ''))} |")
     return rows
 
 
@@ -129,7 +139,7 @@ def config_reference() -> str:
         nested = _dataclass_of(hints[f.name])
         if nested is None:
             kind = str(f.type).replace("|", "or")
-            parts.append(f"| `{f.name}` | {kind} | `{_value(defaults[f.name])}` | {docs[f.name]} |")
+            parts.append(f"| `{f.name}` | {kind} | {_default(defaults[f.name])} | {docs[f.name]} |")
             continue
         summary = " ".join((nested.__doc__ or "").split())
         sections += [f"\n## `{f.name}`: {docs[f.name]}\n", f"{summary}\n"]

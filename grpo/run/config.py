@@ -186,7 +186,7 @@ class RunSettings:
     threads: int | None = None
     """torch CPU threads; null = torch's default. Part of what makes a CPU run reproducible."""
     deterministic: bool = True
-    """Seed every RNG and use deterministic algorithms (the chess loop's set-up)."""
+    """Seed every RNG and use deterministic algorithms, so that a run repeats on the same machine."""
     save_final: bool = True
     """Save the trained model in Hugging Face format under final/."""
     max_staleness: int = 0

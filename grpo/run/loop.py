@@ -73,7 +73,8 @@ class ScheduleConfig:
     num_steps: int = 100
     """GRPO steps (generation batches of B prompts x G completions)."""
     learning_rate: float = 1e-6
-    """Peak AdamW learning rate (the chess loop found 1e-6 for full fine-tuning)."""
+    """Peak AdamW learning rate; 1e-6 is a small rate for full fine-tuning of a pretrained
+    model (the `chess` preset's)."""
     lr_scheduler: str = "constant"
     """Shape after warm-up: constant, linear (decay to 0) or cosine (decay to 0)."""
     warmup_steps: int = 0

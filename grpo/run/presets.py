@@ -62,7 +62,7 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "reinforce": Preset(
-        "picoRL: on-policy REINFORCE with group-mean baselines, no ratio, no clip, "
+        "on-policy REINFORCE with group-mean baselines, no ratio, no clip, "
         "no KL, no reference model, loss -(A * sum of log-probs) averaged over completions",
         {
             "grpo": {
@@ -76,8 +76,8 @@ PRESETS: dict[str, Preset] = {
         },
     ),
     "chess": Preset(
-        "the chess loop's values: beta 0.1 (k3), lr 1e-6, temperature 0.5, top_p 0.9, G 4, "
-        "4 prompts per step, length-normalised loss, on the chess task",
+        "the chess task at beta 0.1 (k3), lr 1e-6, temperature 0.5, top_p 0.9, G 4, "
+        "4 prompts per step, length-normalised loss",
         {
             "task": {"name": "chess"},
             "prompts_per_step": 4,

@@ -20,3 +20,13 @@ def test_every_config_field_has_a_docstring():
     docs = field_docs(GRPOConfig)
     assert set(docs) == set(GRPOConfig.__dataclass_fields__)
     assert docs["group_size"].startswith("G: actions sampled per state")
+
+
+def test_a_default_taken_from_another_key_names_that_key():
+    """grpo.seed and policy.generation.seed default to the top-level seed: their cells read
+    "= `seed`", never the interpolation string "${seed}"."""
+    reference = config_reference()
+    rows = {line.split(" | ")[0]: line for line in reference.splitlines() if line.startswith("| `")}
+    assert rows["| `grpo.seed`"].split(" | ")[2] == "= `seed`"
+    assert rows["| `policy.generation.seed`"].split(" | ")[2] == "= `seed`"
+    assert "${" not in reference

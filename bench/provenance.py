@@ -13,14 +13,42 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from records import stale  # noqa: E402
 
-__all__ = ["added", "checked", "flagged_sentence", "machine_line", "percent", "source", "timing_note"]
+__all__ = [
+    "added", "checked", "flagged_sentence", "machine_line", "percent", "source", "timing_note",
+    "when_where",
+]  # fmt: skip
+
+def _versions(m: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in m["packages"].items() if k in ("torch", "trl"))
+
 
 def machine_line(record: dict) -> str:
     m = record["machine"]
     flags = ", ".join(m["flags"]) or "no AVX-512"
     where = m["gpu"] or f"{m['cpu']} ({m['cores']} cores, {flags})"
-    versions = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if k in ("torch", "trl"))
-    return f"{where}; {versions}"
+    return f"{where}; {_versions(m)}"
+
+
+def when_where(record: dict) -> str:
+    """A record's date, machine and commit in one cell; where its runs were measured on
+    several machines or commits (`train_seeds.py --add-to`), each with its seeds."""
+    runs = [run for run in (record.get("results") or {}).get("runs") or [] if isinstance(run, dict)]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        m = run.get("machine", record["machine"])
+        groups.setdefault((m.get("gpu") or m["cpu"], run.get("commit", record["commit"])[:7]), []).append(run)
+    if len(groups) <= 1:
+        return f"{record['date'][:10]}, {machine_line(record)}, commit {record['commit'][:7]}"
+    dates = sorted({run.get("date", record["date"])[:10] for run in runs})
+    versions = {_versions(run.get("machine", record["machine"])) for run in runs}
+    parts = []
+    for (where, commit), members in groups.items():
+        seeds = [str(run["seed"]) for run in members]
+        parts.append(f"{where} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}, "
+                     f"commit {commit})")  # fmt: skip
+    shown = " to ".join(dict.fromkeys([dates[0], dates[-1]]))
+    tail = f"; {versions.pop()}" if len(versions) == 1 else ""
+    return f"{shown}, {'; '.join(parts)}{tail}"
 
 
 def added(record: dict) -> str:

@@ -32,7 +32,7 @@ import gpu_results  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
-from provenance import flagged_sentence, machine_line, percent, source, timing_note  # noqa: E402
+from provenance import flagged_sentence, percent, source, timing_note, when_where  # noqa: E402
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -166,7 +166,7 @@ def summary(records: dict) -> str:
             rows.append(f"| {what} | not measured yet | - | [{page}]({page}) |")
             continue
         stale_mark = " (**stale**)" if stale(record) else ""
-        where = f"{record['date'][:10]}, {machine_line(record)}, commit {record['commit'][:7]}"
+        where = when_where(record)
         rows.append(f"| {what} | {figure(record)}{stale_mark} | {where} | [{page}]({page}) |")
     return "\n".join(rows) + ("\n\nEach row's command is on its page; **stale** marks a record "
                               "whose source files changed since it was measured.")

@@ -241,3 +241,23 @@ def test_the_lean_engine_on_gemma_is_shown_as_a_ratio_to_the_transformers_engine
     text = decode_results.lean_gemma({"lean_gemma_rollout": {"results": results}}, lambda r: "")
     assert "| transformers | 10.0 | 64.0 | 64.0 | 1.00 |" in text
     assert "| lean | 15.0 | 64.0 | 64.0 | 1.50 |" in text
+
+
+def test_the_summary_names_every_machine_and_commit_its_seeds_ran_on(monkeypatch):
+    """Seed 0 on one CPU at commit aaaaaaa, seeds 1 and 2 on another at bbbbbbb: the README's
+    `when, where` cell names both, each with its seeds, not only the record's own machine."""
+    monkeypatch.setattr(render_results, "stale", lambda record: [])
+    cpu = {"cores": 2, "flags": [], "gpu": None, "packages": {"torch": "2", "trl": "1"}}
+    first, second = {**cpu, "cpu": "CPU A"}, {**cpu, "cpu": "CPU B"}
+    evaluations = [{"step": 0, "eval/greedy/accuracy": 0.2}, {"step": 8, "eval/greedy/accuracy": 0.4}]
+    runs = [{"seed": 0, "commit": "a" * 40, "date": "2026-12-04 19:00 UTC", "machine": first},
+            *({"seed": s, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "machine": second}
+              for s in (1, 2))]  # fmt: skip
+    record = {"commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "machine": second,
+              "results": {"runs": [{**run, "evaluations": evaluations} for run in runs]}}  # fmt: skip
+    row = next(line for line in render_results.summary({"smollm2_math": record}).splitlines()
+               if "word problems: held-out" in line)  # fmt: skip
+    assert ("| 2026-12-04 to 2026-12-05, CPU A (seed 0, commit aaaaaaa); CPU B (seeds 1, 2, "
+            "commit bbbbbbb); torch 2, trl 1 |") in row
+    one = {**record, "results": {"runs": [{**run, "evaluations": evaluations} for run in runs[1:]]}}
+    assert provenance.when_where(one) == "2026-12-05, CPU B (2 cores, no AVX-512); torch 2, trl 1, commit bbbbbbb"

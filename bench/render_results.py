@@ -139,20 +139,20 @@ def _vs_trl(record: dict) -> str:
     ratio = s.get("ratio_to_trl_run")
     reach = ("TRL ended no higher than it started" if ratio is None else
              f"grpo reaches TRL's final figure in {ratio:.2f}x TRL's training time")  # fmt: skip
-    return f"a grpo step takes {step:.2f}x a TRL step; {reach}"
+    steps = f"grpo {s['grpo']['steps']} steps, TRL {s['trl']['steps']}"
+    return f"{steps}: a grpo step takes {step:.2f}x a TRL step; {reach}"
 
 
 SUMMARY = [  # (what, record, how its figure is read, the page that explains it)
     ("`make demo`: held-out greedy accuracy", "demo",
      lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/demo.md"),
-    ("the demo against TRL 1.16, same settings", "demo_vs_trl", _vs_trl, "docs/results.md"),
+    ("the demo against TRL 1.16, same hyper-parameters", "demo_vs_trl", _vs_trl,
+     "docs/results.md"),
     ("SmolLM2-135M-Instruct, word problems: held-out greedy accuracy, all splits", "smollm2_math",
      lambda r: _before_after(r, "eval/greedy/accuracy", percent), "docs/word_problems.md"),
     ("word problems against TRL 1.16", "smollm2_vs_trl", _vs_trl, "docs/results.md"),
     ("the chess-move model: held-out greedy reward", "chess",
-     lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}")
-     + f"; the chess loop's own run: {chess_results.SEED_001_START} -> {chess_results.SEED_001_END}",
-     "docs/chess.md"),
+     lambda r: _before_after(r, "eval/greedy/reward_mean", lambda x: f"{x:.3f}"), "docs/chess.md"),
     ("`bench/gpu_check.py` on a GPU", "gpu_check", gpu_results.gpu_summary, "docs/gpu.md"),
 ]  # fmt: skip
 

@@ -55,13 +55,16 @@ def test_changes_are_each_seeds_end_minus_its_start():
 
 def test_seeds_table_and_verdict_by_hand():
     """Before 0.400, afters 0.450/0.460/0.470, mean change +0.060; the final rewards span 0.020
-    and the smallest gain 0.050 is 2.5x that; the chess loop's change is 0.421 - 0.468 = -0.047."""
+    and the smallest gain 0.050 is 2.5x that; the chess loop's change, 0.421 - 0.468 = -0.047,
+    is labelled as quoted and not comparable."""
     text = chess_results.seeds(_records(), _source)
     assert "| greedy reward | 0.400 | 0.450 | 0.460 | 0.470 | +0.060 (+0.050, +0.060, +0.070) |" in text
     assert "| greedy precision (legal share of the listed moves) | 0.600 | 0.700 |" in text
     assert "| sampled KL to the starting model, per token | 0.000 | 0.020 |" in text
     assert "exceeds the spread of their final rewards (0.020), the smallest by 2.5x" in text
-    assert "changed its model's reward by -0.047 (0.468 -> 0.421)" in text
+    assert ("Quoted for reference, not comparable (another model, another reward function, not "
+            "measured here): the chess loop's own report gives its run's reward as 0.468 -> 0.421 "
+            "(-0.047).") in text
     assert "| 0 | 10 | 100 s | 0.50 s | 120 s | 0.320 -> 0.280 | 0.500 | no |" in text
     assert text.endswith("SOURCE chess")
 
@@ -90,15 +93,18 @@ def test_sweep_rows_by_hand():
     assert "| 90.0 % (100.0 %) | 0.020 | -0.065, 97.0 % |" in rows[0]
     assert rows[2].endswith("| 50.0 % (60.0 %) | 0.020 | -0.047, 77.5 % |")
     assert rows[3].endswith("| 0.0 % (10.0 %) | 0.020 | not run |")
+    assert "| quoted, not comparable: the chess loop's reward change, KL share |" in text
+    assert "quoted from the chess loop's own report, not measured here" in text
     assert text.endswith("SOURCE chess_beta_1 chess_beta_0.3 chess chess_beta_0")
 
 
 def test_summary_sentence_by_hand():
-    """The before, the seeds' final range and the chess loop's run in one sentence."""
+    """The before and the seeds' final range in one sentence, without the chess loop's quoted
+    run (another model and reward: not comparable)."""
     text = chess_results.summary(_records(), _source)
     assert text.startswith("GRPO at the chess loop's settings raises the shipped chess model's held-out "
-                           "greedy reward from 0.400 to 0.450-0.470 (3 seeds, 10 steps), where "
-                           "the chess loop's own run fell from 0.468 to 0.421.")  # fmt: skip
+                           "greedy reward from 0.400 to 0.450-0.470 (3 seeds, 10 steps).\n\n")  # fmt: skip
+    assert "0.468" not in text and "0.421" not in text
 
 
 def test_training_summary_means_over_all_first_and_last_tenth():

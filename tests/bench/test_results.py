@@ -261,3 +261,13 @@ def test_the_summary_names_every_machine_and_commit_its_seeds_ran_on(monkeypatch
             "commit bbbbbbb); torch 2, trl 1 |") in row
     one = {**record, "results": {"runs": [{**run, "evaluations": evaluations} for run in runs[1:]]}}
     assert provenance.when_where(one) == "2026-12-05, CPU B (2 cores, no AVX-512); torch 2, trl 1, commit bbbbbbb"
+
+
+def test_the_summary_of_a_trl_comparison_gives_each_librarys_steps():
+    """grpo ran 1000 steps of 0.1 s and TRL 500 of 0.4 s: the row says both step counts beside
+    the 0.25x step time, since the two libraries did not run the same schedule."""
+    summary = {"grpo": {"steps": 1000, "seconds_per_step": 0.1},
+               "trl": {"steps": 500, "seconds_per_step": 0.4}, "ratio_to_trl_run": 0.5}  # fmt: skip
+    assert render_results._vs_trl({"results": {"summary": summary}}) == (
+        "grpo 1000 steps, TRL 500: a grpo step takes 0.25x a TRL step; grpo reaches TRL's final "
+        "figure in 0.50x TRL's training time")

@@ -31,18 +31,46 @@ def _problems(evaluation: dict, split: str) -> int:
     return round(sum(v for k, v in evaluation.items() if k.startswith(prefix)))
 
 
+def _gains(evaluations: list[dict], step: int, split: str) -> list[float]:
+    """Each seed's change in points at `step` from its own start (its first evaluation)."""
+    return [100 * (by_step[step][_key(split)] - by_step[min(by_step)][_key(split)])
+            for by_step in evaluations]  # fmt: skip
+
+
+def _change(gains: list[float]) -> str:
+    """The seeds' mean change, with their standard deviation where there are several."""
+    spread = f" ± {statistics.stdev(gains):.1f}" if len(gains) > 1 else ""
+    return f"{statistics.fmean(gains):+.1f}{spread}"
+
+
 def _mean_row(evaluations: list[dict], step: int, splits: list[str]) -> str:
     """The seeds' mean at `step`: each split's accuracy and its change from each seed's own
     start (its step-0 evaluation), with the seeds' standard deviation of that change."""
-    first = min(evaluations[0])
     cells = []
     for split in splits:
-        gains = [100 * (by_step[step][_key(split)] - by_step[first][_key(split)])
-                 for by_step in evaluations]  # fmt: skip
         mean = statistics.fmean(by_step[step][_key(split)] for by_step in evaluations)
-        cells.append(f"{percent(mean)} ({statistics.fmean(gains):+.1f} ± "
-                     f"{statistics.stdev(gains):.1f})")  # fmt: skip
+        cells.append(f"{percent(mean)} ({_change(_gains(evaluations, step, split))})")
     return f"| mean (± seeds' s.d.) | {step} | | " + " | ".join(cells) + " |"
+
+
+def _evaluations(record: dict) -> list[dict]:
+    """Each seed's evaluations by step (those of its checkpoints, where they were made)."""
+    return [{e["step"]: e for e in r.get("checkpoint_evaluations") or r["evaluations"]}
+            for r in record["results"]["runs"]]  # fmt: skip
+
+
+def summary(record: dict) -> str:
+    """One line for the README's summary: each held-out split's change at the last step from
+    each seed's own start (the mean, ± the seeds' s.d.), and the longest training time."""
+    evaluations = _evaluations(record)
+    last = max(evaluations[0])
+    splits = [s for s in SPLIT_NAMES if s and _key(s) in evaluations[0][last]]
+    changes = ", ".join(f"{SPLIT_NAMES[s]} {_change(_gains(evaluations, last, s))}" for s in splits)
+    n = len(evaluations)
+    seconds = max(by_step[last]["training_seconds"] for by_step in evaluations)
+    who = f"mean ± s.d. of {n} seeds" if n > 1 else "1 seed"
+    return (f"points gained by step {last} ({who}): {changes}; "
+            f"{seconds:.0f} s of training at most")
 
 
 def _start_rows(runs: list[dict], evaluations: list[dict], splits: list[str]) -> list[str]:
@@ -64,8 +92,7 @@ def render(records: dict, name: str, source: Callable[..., str],
     says where the numbers come from, `timing_note` which runs' timing was flagged."""
     record = records[name]
     runs = record["results"]["runs"]
-    evaluations = [{e["step"]: e for e in r.get("checkpoint_evaluations") or r["evaluations"]}
-                   for r in runs]  # fmt: skip
+    evaluations = _evaluations(record)
     steps = sorted(evaluations[0])
     start = evaluations[0][steps[0]]
     splits = [s for s in SPLIT_NAMES if _split_cell(start, s) != "-"]

@@ -249,14 +249,16 @@ def test_the_summary_names_every_machine_and_commit_its_seeds_ran_on(monkeypatch
     monkeypatch.setattr(render_results, "stale", lambda record: [])
     cpu = {"cores": 2, "flags": [], "gpu": None, "packages": {"torch": "2", "trl": "1"}}
     first, second = {**cpu, "cpu": "CPU A"}, {**cpu, "cpu": "CPU B"}
-    evaluations = [{"step": 0, "eval/greedy/accuracy": 0.2}, {"step": 8, "eval/greedy/accuracy": 0.4}]
+    key = "eval/heldout_numbers/greedy/accuracy"
+    evaluations = [{"step": 0, "training_seconds": 0.0, key: 0.2},
+                   {"step": 8, "training_seconds": 9.0, key: 0.4}]  # fmt: skip
     runs = [{"seed": 0, "commit": "a" * 40, "date": "2026-12-04 19:00 UTC", "machine": first},
             *({"seed": s, "commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "machine": second}
               for s in (1, 2))]  # fmt: skip
     record = {"commit": "b" * 40, "date": "2026-12-05 09:00 UTC", "machine": second,
               "results": {"runs": [{**run, "evaluations": evaluations} for run in runs]}}  # fmt: skip
     row = next(line for line in render_results.summary({"smollm2_math": record}).splitlines()
-               if "word problems: held-out" in line)  # fmt: skip
+               if "smollm2_math.yaml`): held-out" in line)  # fmt: skip
     assert ("| 2026-12-04 to 2026-12-05, CPU A (seed 0, commit aaaaaaa); CPU B (seeds 1, 2, "
             "commit bbbbbbb); torch 2, trl 1 |") in row
     one = {**record, "results": {"runs": [{**run, "evaluations": evaluations} for run in runs[1:]]}}
@@ -271,3 +273,20 @@ def test_the_summary_of_a_trl_comparison_gives_each_librarys_steps():
     assert render_results._vs_trl({"results": {"summary": summary}}) == (
         "grpo 1000 steps, TRL 500: a grpo step takes 0.25x a TRL step; grpo reaches TRL's final "
         "figure in 0.50x TRL's training time")
+
+
+def test_the_summary_of_word_problem_seeds_gives_each_splits_change_from_each_seeds_start():
+    """Seed 0 goes 30 -> 40 % on new numbers and 10 -> 20 % on the bare question, seed 1
+    (starting elsewhere) 20 -> 40 % and 20 -> 20 %: mean changes +15.0 (s.d. 7.1 = 5 sqrt 2)
+    and +5.0 (s.d. 7.1); the longest training is seed 1's 130 s."""
+    numbers, bare = "eval/heldout_numbers/greedy/accuracy", "eval/heldout_bare/greedy/accuracy"
+    runs = [{"seed": seed, "evaluations": [
+        {"step": 0, "training_seconds": 0.0, numbers: n0, bare: b0},
+        {"step": 64, "training_seconds": seconds, numbers: n1, bare: b1}]}
+        for seed, n0, n1, b0, b1, seconds in ((0, 0.3, 0.4, 0.1, 0.2, 120.0),
+                                              (1, 0.2, 0.4, 0.2, 0.2, 130.0))]  # fmt: skip
+    text = word_problem_seeds.summary({"results": {"runs": runs}})
+    assert text == ("points gained by step 64 (mean ± s.d. of 2 seeds): new numbers +15.0 ± 7.1, "
+                    "bare question +5.0 ± 7.1; 130 s of training at most")
+    one = word_problem_seeds.summary({"results": {"runs": runs[:1]}})
+    assert one.startswith("points gained by step 64 (1 seed): new numbers +10.0, bare question +10.0;")

@@ -14,9 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from records import stale  # noqa: E402
 
 __all__ = [
-    "added", "checked", "flagged_sentence", "machine_line", "percent", "source", "timing_note",
-    "when_where",
+    "added", "checked", "flagged_sentence", "machine_line", "percent", "remeasured", "source",
+    "timing_note", "when_where",
 ]  # fmt: skip
+
 
 def _versions(m: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in m["packages"].items() if k in ("torch", "trl"))
@@ -65,7 +66,21 @@ def added(record: dict) -> str:
     several = len({cpu for _, _, cpu in when}) > 1
     parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
              + (f", on {cpu}" if several else "") for (commit, date, cpu), seeds in when.items()]
-    return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + ".")
+    return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + "."
+            + remeasured(record))
+
+
+def remeasured(record: dict) -> str:
+    """For a record with runs `train_seeds.py --remeasure` replaced: which seeds, and what
+    their first runs measured of time (the numbers they computed were the same)."""
+    old = (record.get("results") or {}).get("remeasured") or []
+    parts = [f"seed {run['seed']}'s first run, at commit {run['commit'][:7]}, {run['date']}, "
+             f"took {run['training_seconds']:.0f} s of training"
+             + (f" ({'; '.join(run['flags'])})" if run.get("flags") else "") for run in old]
+    if not parts:
+        return ""
+    return (" Measured again on the same CPU, computing the same evaluations and training "
+            "means to the last digit, and replaced: " + "; ".join(parts) + ".")
 
 
 def checked(check: dict) -> str:

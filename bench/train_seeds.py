@@ -4,6 +4,8 @@
     python bench/train_seeds.py configs/smollm2_math.yaml --name smollm2_math --seeds 0 1 2 \
         --set evaluation.every=0 --set run.checkpoint_every=16 --set run.keep_checkpoints=100 \
         --set task.eval_size=4 --evaluate-steps 0 32 64 --evaluate-set task.eval_size=200
+    python bench/train_seeds.py ... --seeds 3 --add-to              # one more seed, same settings
+    python bench/train_seeds.py ... --seeds 1 --add-to --remeasure  # seed 1 again (its timing)
 
 Each seed trains into its own run directory, `runs/bench/NAME/seed-S` (removed first, so a
 second measurement never resumes or collides with the first), exactly as `grpo train CONFIG
@@ -16,7 +18,8 @@ first and its last tenth), every held-out evaluation (those made during the run,
 checkpoints made afterwards by `bench/evaluate_checkpoints.py`, off the clock) and the
 before/after table `grpo train` printed last. The record is bench/results/NAME.json
 (`bench/records.py`); `bench/render_results.py` renders it into the pages. Each process runs
-with `common.worker_env` (OpenMP threads that sleep while they wait).
+with `common.worker_env` (OpenMP threads that sleep while they wait). `--add-to` and
+`--remeasure` join runs to a record measured earlier (`bench/seed_records.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
-from records import REPO, RESULTS, TRAINING_PATH, _git, machine, stale, write_record  # noqa: E402
+from records import REPO, RESULTS, TRAINING_PATH, _git, machine, write_record  # noqa: E402
+from seed_records import command_for, earlier_runs, join  # noqa: E402
 
 EVALUATIONS = "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py's output
 TRAINING_KEYS = (  # the step metrics a record summarises (docs/metrics.md)
@@ -62,7 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="add these seeds' runs to the record NAME already measured: only "
                              "with its config, overrides and evaluations, none of its seeds, and "
                              "none of its files changed since (records.stale); each run keeps "
-                             "the commit and date it was measured at")
+                             "the commit and date it was measured at (bench/seed_records.py)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="with --add-to: measure seeds the record holds again on the same "
+                             "CPU, replacing their runs only if every evaluation and training "
+                             "mean comes out equal (their timing was flagged, say)")
     parser.add_argument("--runs", default="runs/bench", help="parent of the run directories")
     parser.add_argument("--results", type=Path, default=None, help="record folder (tests)")
     return parser.parse_args(argv)  # fmt: skip
@@ -192,55 +200,15 @@ def _task_imports(file: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def earlier_runs(args: argparse.Namespace, folder: Path) -> list[dict]:
-    """The runs of record `args.name` that `--add-to` extends, each stamped with the commit and
-    date it was measured at; a SystemExit says why they cannot be joined."""
-    path = folder / f"{args.name}.json"
-    if not path.is_file():
-        raise SystemExit(f"--add-to: no record {path}")
-    record = json.loads(path.read_text())
-    r = record["results"]
-    same = (r["config"], r["overrides"], r["evaluate_overrides"]) == (
-        args.config, args.overrides, args.evaluate_set)
-    if not same or sorted({e for run in r["runs"] for e in _steps_evaluated(run)}) != sorted(
-            args.evaluate_steps):
-        raise SystemExit(f"--add-to: {args.name} was measured with other settings: "
-                         f"{record['command']}")  # fmt: skip
-    if set(args.seeds) & {run["seed"] for run in r["runs"]}:
-        raise SystemExit(f"--add-to: {args.name} already holds seeds "
-                         f"{sorted({run['seed'] for run in r['runs']})}")  # fmt: skip
-    changed = stale(record)
-    if changed:
-        raise SystemExit(f"--add-to: {', '.join(changed)} changed since {args.name} was "
-                         "measured; measure every seed again")  # fmt: skip
-    return [{"commit": record["commit"], "date": record["date"], "machine": record["machine"], **run}
-            for run in r["runs"]]  # fmt: skip
-
-
-def _steps_evaluated(run: dict) -> list[int]:
-    return [e["step"] for e in run.get("checkpoint_evaluations", [])]
-
-
-def _command(argv: list[str], seeds: list[int]) -> list[str]:
-    """`argv` as one invocation that measures every seed of the record."""
-    out, skip = [], False
-    for arg in argv:
-        if skip and not arg.startswith("--"):
-            continue
-        skip = arg == "--seeds"
-        if arg == "--add-to":
-            continue
-        out += [arg, *map(str, seeds)] if skip else [arg]
-    return out if "--seeds" in argv else [*out, "--seeds", *map(str, seeds)]
-
-
 def main(argv: list[str] | None = None) -> Path:
     from grpo.run.config_files import load_config
 
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     folder = RESULTS if args.results is None else args.results
-    before = earlier_runs(args, folder) if args.add_to else []
+    if args.remeasure and not args.add_to:
+        raise SystemExit("--remeasure: only with --add-to")
+    before, replaced = earlier_runs(args, folder) if args.add_to else ([], [])
     config = load_config(str(REPO / args.config), args.overrides)
     threads = min(config.run.threads or os.cpu_count() or 1, os.cpu_count() or 1)
     runs = []
@@ -253,18 +221,21 @@ def main(argv: list[str] | None = None) -> Path:
             )
         print(f"seed {seed}: {run['wall_seconds']} s, " + " ".join(run["end_of_output"][1:2]))
         runs.append(run)
-    if before:
+    remeasured = []
+    if args.add_to:
         stamp = {"commit": _git("rev-parse", "HEAD"), "date": datetime.datetime.now(
             datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}  # fmt: skip
-        runs = before + [{**stamp, **run} for run in runs]
-        argv = _command(argv, [run["seed"] for run in runs])
-        earlier = json.loads((folder / f"{args.name}.json").read_text())["depends_on_paths"]
-        args.depends_on += [p for p in earlier if p not in args.depends_on]  # kept, none lost
+        earlier = json.loads((folder / f"{args.name}.json").read_text())
+        runs, remeasured = join(before, replaced, [{**stamp, **run} for run in runs],
+                                earlier["results"])  # fmt: skip
+        argv = command_for(argv, [run["seed"] for run in runs])
+        args.depends_on += [p for p in earlier["depends_on_paths"] if p not in args.depends_on]
     depends = list(dict.fromkeys([args.config, *config_files(config), *TRAINING_PATH,
                                   *args.depends_on]))  # fmt: skip
     results = {"config": args.config, "overrides": args.overrides,
                "evaluate_overrides": args.evaluate_set,
-               "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"], "runs": runs}  # fmt: skip
+               "omp_wait_policy": worker_env()["OMP_WAIT_POLICY"], "runs": runs,
+               **({"remeasured": remeasured} if remeasured else {})}  # fmt: skip
     path = write_record(args.name, results, depends, argv=["bench/train_seeds.py", *argv],
                         folder=folder)  # fmt: skip
     print(f"record: {path}")

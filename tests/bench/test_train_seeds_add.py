@@ -1,5 +1,6 @@
 """bench/train_seeds.py --add-to: more seeds join a record measured earlier only under the same
-settings and unchanged files; each run keeps its own commit and date, and the record's command
+settings and unchanged files (--remeasure: seeds it holds, measured again, replace their runs
+only where they compute the same numbers); each run keeps its own commit and date, and the record's command
 is the one invocation that would measure every seed."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
+import provenance  # noqa: E402
+import seed_records  # noqa: E402
 import train_seeds  # noqa: E402
 
 TINY = ["task.train_size=64", "task.eval_size=8", "prompts_per_step=2", "grpo.batch_size=16",
@@ -58,3 +61,53 @@ def test_a_record_depends_on_the_task_modules_its_task_imports(tmp_path):
     assert train_seeds.config_files(chess) == [
         "grpo/tasks/chess.py", "grpo/tasks/__init__.py", "grpo/tasks/chess_prompts.py",
     ]  # fmt: skip
+
+
+def test_a_remeasured_seed_replaces_its_run_only_where_it_computes_the_same_numbers(tmp_path):
+    """Training is deterministic on one machine: measured again, seed 3 reproduces every
+    evaluation and training mean, so its new run replaces the old and the record keeps what the
+    old one measured of time; a record whose numbers the run does not reproduce (one accuracy
+    changed by hand here) is refused and left byte for byte as it was."""
+    path = _measure(tmp_path, ["3"])
+    first = json.loads(path.read_text())
+    again = json.loads(_measure(tmp_path, ["3"], "--add-to", "--remeasure").read_text())
+    (old,), (new,) = first["results"]["runs"], again["results"]["runs"]
+    assert seed_records.same_numbers(old, new) == []
+    assert new["seed"] == 3 and new["commit"] == again["commit"]
+    assert again["results"]["remeasured"] == [
+        {"seed": 3, "commit": first["commit"], "date": first["date"],
+         **{k: old[k] for k in seed_records.TIMING_KEYS}}]  # fmt: skip
+    assert "--remeasure" not in again["command"] and "--seeds 3 --set" in again["command"]
+
+    key = next(k for k in new["evaluations"][-1] if k.startswith("eval/"))
+    new["evaluations"][-1][key] += 0.125  # a number this run would not compute
+    path.write_text(json.dumps(again))
+    before = path.read_bytes()
+    with pytest.raises(SystemExit, match="seed 3 computed other evaluations"):
+        _measure(tmp_path, ["3"], "--add-to", "--remeasure")
+    assert path.read_bytes() == before
+
+
+def test_remeasure_is_refused_for_seeds_not_held_or_measured_on_another_cpu(tmp_path):
+    path = _measure(tmp_path, ["3"])
+    with pytest.raises(SystemExit, match="only with --add-to"):
+        _measure(tmp_path, ["3"], "--remeasure")
+    with pytest.raises(SystemExit, match=r"holds seeds \[3\], not \[4\]"):
+        _measure(tmp_path, ["4"], "--add-to", "--remeasure")
+    record = json.loads(path.read_text())
+    record["machine"] = {**record["machine"], "cpu": "another CPU"}
+    path.write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match=r"seeds \[3\] were measured on another CPU"):
+        _measure(tmp_path, ["3"], "--add-to", "--remeasure")
+
+
+def test_the_pages_name_a_remeasured_seed_and_its_first_runs_time():
+    record = {"commit": "b" * 40, "date": "2026-12-05 15:00 UTC", "machine": {"cpu": "cpu"},
+              "results": {"runs": [{"seed": 1, "commit": "b" * 40, "date": "2026-12-05 15:00 UTC"}],
+                          "remeasured": [{"seed": 1, "commit": "a" * 40, "date": "2026-12-05 13:00 UTC",
+                                          "training_seconds": 1828.1, "flags": ["load 2.6 > 1"]}]}}  # fmt: skip
+    assert provenance.remeasured(record) == (
+        " Measured again on the same CPU, computing the same evaluations and training means to "
+        "the last digit, and replaced: seed 1's first run, at commit aaaaaaa, 2026-12-05 13:00 "
+        "UTC, took 1828 s of training (load 2.6 > 1).")
+    assert provenance.remeasured({"results": {"runs": []}}) == ""

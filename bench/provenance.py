@@ -15,7 +15,7 @@ from records import stale  # noqa: E402
 
 __all__ = [
     "added", "checked", "flagged_sentence", "machine_line", "percent", "remeasured", "source",
-    "timing_note", "when_where",
+    "stamped_runs", "timing_note", "when_where",
 ]  # fmt: skip
 
 
@@ -30,23 +30,33 @@ def machine_line(record: dict) -> str:
     return f"{where}; {_versions(m)}"
 
 
+def stamped_runs(record: dict) -> list[dict]:
+    """The record's runs, each with the commit, date and machine it was measured at (a run
+    joined by `train_seeds.py --add-to` carries its own; the others are the record's)."""
+    runs = [run for run in (record.get("results") or {}).get("runs") or [] if isinstance(run, dict)]
+    return [{"commit": record["commit"], "date": record["date"], "machine": record["machine"], **run}
+            for run in runs]  # fmt: skip
+
+
+def _seeds(runs: list[dict]) -> str:
+    seeds = [str(run["seed"]) for run in runs]
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+
+
 def when_where(record: dict) -> str:
     """A record's date, machine and commit in one cell; where its runs were measured on
     several machines or commits (`train_seeds.py --add-to`), each with its seeds."""
-    runs = [run for run in (record.get("results") or {}).get("runs") or [] if isinstance(run, dict)]
+    runs = stamped_runs(record)
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in runs:
-        m = run.get("machine", record["machine"])
-        groups.setdefault((m.get("gpu") or m["cpu"], run.get("commit", record["commit"])[:7]), []).append(run)
+        where = run["machine"].get("gpu") or run["machine"]["cpu"]
+        groups.setdefault((where, run["commit"][:7]), []).append(run)
     if len(groups) <= 1:
         return f"{record['date'][:10]}, {machine_line(record)}, commit {record['commit'][:7]}"
-    dates = sorted({run.get("date", record["date"])[:10] for run in runs})
-    versions = {_versions(run.get("machine", record["machine"])) for run in runs}
-    parts = []
-    for (where, commit), members in groups.items():
-        seeds = [str(run["seed"]) for run in members]
-        parts.append(f"{where} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}, "
-                     f"commit {commit})")  # fmt: skip
+    dates = sorted({run["date"][:10] for run in runs})
+    versions = {_versions(run["machine"]) for run in runs}
+    parts = [f"{where} ({_seeds(members)}, commit {commit})"
+             for (where, commit), members in groups.items()]  # fmt: skip
     shown = " to ".join(dict.fromkeys([dates[0], dates[-1]]))
     tail = f"; {versions.pop()}" if len(versions) == 1 else ""
     return f"{shown}, {'; '.join(parts)}{tail}"
@@ -58,14 +68,12 @@ def added(record: dict) -> str:
     runs = (record.get("results") or {}).get("runs") or []
     if not any(isinstance(run, dict) and "commit" in run for run in runs):
         return ""
-    when: dict[tuple[str, str, str], list[str]] = {}
-    for run in runs:
-        cpu = run.get("machine", record["machine"])["cpu"]
-        key = (run.get("commit", record["commit"])[:7], run.get("date", record["date"]), cpu)
-        when.setdefault(key, []).append(str(run["seed"]))
+    when: dict[tuple[str, str, str], list[dict]] = {}
+    for run in stamped_runs(record):
+        when.setdefault((run["commit"][:7], run["date"], run["machine"]["cpu"]), []).append(run)
     several = len({cpu for _, _, cpu in when}) > 1
-    parts = [f"seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} at commit {commit}, {date}"
-             + (f", on {cpu}" if several else "") for (commit, date, cpu), seeds in when.items()]
+    parts = [f"{_seeds(members)} at commit {commit}, {date}" + (f", on {cpu}" if several else "")
+             for (commit, date, cpu), members in when.items()]  # fmt: skip
     return (" The seeds were measured in turn, on the same files: " + "; ".join(parts) + "."
             + remeasured(record))
 

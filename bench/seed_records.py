@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from provenance import stamped_runs
 from records import machine, stale
 
 __all__ = ["TIMING_KEYS", "command_for", "earlier_runs", "join", "same_numbers"]
@@ -52,8 +53,7 @@ def earlier_runs(args: argparse.Namespace, folder: Path) -> tuple[list[dict], li
     if changed:
         raise SystemExit(f"--add-to: {', '.join(changed)} changed since {args.name} was "
                          "measured; measure every seed again")  # fmt: skip
-    stamped = [{"commit": record["commit"], "date": record["date"], "machine": record["machine"],
-                **run} for run in r["runs"]]  # fmt: skip
+    stamped = stamped_runs(record)
     old = [run for run in stamped if args.remeasure and run["seed"] in args.seeds]
     here = machine()["cpu"]
     elsewhere = [run["seed"] for run in old if run["machine"]["cpu"] != here]

@@ -46,11 +46,13 @@ def cut_after_stop(ids: list[int], tokenizer) -> int | None:
     return next(found, None)
 
 
-def test_trl_gets_the_gemma3_configs_settings(tmp_path):
+def test_trl_gets_the_gemma3_configs_settings(answering_gemma3, tmp_path):
     """configs/gemma3_math.yaml maps to TRL's G 8 over B 4 (32 rows in 4 micro-batches of 8, one
     optimizer step per generation), 64 steps at 1e-5, beta 0, 128 new tokens at temperature 0.7
-    with no top-p / top-k, the token-mean loss ("dapo"), batch-scaled rewards, no checkpointing."""
-    config = accuracy_workers.run_config(["config=configs/gemma3_math.yaml"], 0, str(tmp_path))
+    with no top-p / top-k, the token-mean loss ("dapo"), batch-scaled rewards, no checkpointing.
+    Only model.path is changed (to the tiny model), so no fetched model is read."""
+    overrides = ["config=configs/gemma3_math.yaml", f"model.path={answering_gemma3}"]
+    config = accuracy_workers.run_config(overrides, 0, str(tmp_path))
     trl = accuracy_workers.trl_config(config, 0, tmp_path)
     got = {key: getattr(trl, key) for key in GEMMA3_TRL}
     assert got == GEMMA3_TRL

@@ -4,7 +4,8 @@ A benchmark that feeds a published number calls `write_record` once at its end. 
 holds what a reader needs to trust and repeat the number:
 
 - `command`: the command line that measured it, runnable from the repository's root;
-- `commit`, `dirty`: the commit measured and the tracked files that differed from it;
+- `commit`, `dirty`: the commit measured and the tracked files that differed from it (other
+  records under bench/results/ left out: no measurement reads them);
 - `date` (UTC) and `machine`: CPU model, the instruction-set flags that change speed, cores,
   torch threads, and the versions of Python, torch, transformers (and TRL when installed);
 - `depends_on`: a SHA-256 of every file the number depends on (a folder: every file in it),
@@ -167,6 +168,13 @@ def hashes_at_commit(record: dict) -> dict[str, str]:
     return hashes
 
 
+def uncommitted(changed: list[str]) -> list[str]:
+    """The changed tracked files a measurement could have read: `changed` less the records
+    of bench/results/ (a queue of measurements in one tree rewrites them as it goes)."""
+    results = RESULTS.relative_to(REPO).as_posix() + "/"
+    return [name for name in changed if not name.startswith(results)]
+
+
 def write_record(name: str, results: dict, depends_on: list[str], argv: list[str] | None = None,
                  folder: Path = RESULTS, root: Path = REPO) -> Path:  # fmt: skip
     """Write bench/results/`name`.json: `results` with the command, commit, date, machine and
@@ -174,7 +182,7 @@ def write_record(name: str, results: dict, depends_on: list[str], argv: list[str
     argv = sys.argv if argv is None else argv
     script = Path(argv[0]) if Path(argv[0]).is_absolute() else (REPO / argv[0]).resolve()
     shown = script.relative_to(REPO).as_posix() if script.is_relative_to(REPO) else argv[0]
-    dirty = _git("diff", "--name-only", "HEAD").splitlines()
+    dirty = uncommitted(_git("diff", "--name-only", "HEAD").splitlines())
     record = {
         "name": name,
         "command": shlex.join(["python", shown, *argv[1:]]),

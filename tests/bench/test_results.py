@@ -86,6 +86,14 @@ def test_a_record_turns_stale_when_a_file_it_depends_on_changes(tmp_path):
     assert records.stale(record, tmp_path) == ["a.py", "folder/b.py", "folder/c.py"]
 
 
+def test_a_changed_record_is_not_an_uncommitted_change_of_the_next_measurement():
+    """Records rewritten by earlier measurements in the same tree are left out of `dirty`;
+    a changed source file, or a file that only looks like a record, is kept."""
+    changed = ["bench/results/roofline_gemma.json", "grpo/config.py",
+               "bench/results_old.py", "docs/bench/results/x.json"]  # fmt: skip
+    assert records.uncommitted(changed) == changed[1:]
+
+
 def test_comments_docstrings_and_yaml_layout_never_make_a_record_stale(tmp_path):
     """A record goes stale on a change of code or of a config value, and on nothing else: a
     comment, a docstring (module, function or attribute) or YAML layout leaves it standing."""

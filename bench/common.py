@@ -14,6 +14,8 @@ import os
 import random
 import resource
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ __all__ = [
     "load_average",
     "peak_rss_mib",
     "prompts",
+    "settled_load",
     "timing_flags",
     "worker_env",
     "yes_reward",
@@ -116,6 +119,26 @@ def peak_rss_mib() -> float:
 def load_average() -> float:
     """The machine's 1-minute load average (runnable processes), read just before a run."""
     return os.getloadavg()[0]
+
+
+def settled_load(
+    limit_s: float = 180.0,
+    cores: int | None = None,
+    read: Callable[[], float] = load_average,
+    sleep: Callable[[float], None] = time.sleep,
+    every_s: float = 5.0,
+) -> float:
+    """The 1-minute load average once it is at most half the cores, waiting up to `limit_s`
+    for it: the average decays over about a minute, so a run started straight after heavy work
+    of the same queue (another seed's evaluations) would read that work as a busy machine. A
+    load that does not settle is returned as read at the end, for `timing_flags` to flag."""
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    load, waited = read(), 0.0
+    while load > cores / 2 and waited < limit_s:
+        sleep(every_s)
+        waited += every_s
+        load = read()
+    return load
 
 
 def worker_env() -> dict[str, str]:

@@ -6,6 +6,7 @@
         --set task.eval_size=4 --evaluate-steps 0 32 64 --evaluate-set task.eval_size=200
     python bench/train_seeds.py ... --seeds 3 --add-to              # one more seed, same settings
     python bench/train_seeds.py ... --seeds 1 --add-to --remeasure  # seed 1 again (its timing)
+    python bench/train_seeds.py ... --seeds 0 1 2 --settle 120      # the load settles between seeds
 
 Each seed trains into its own run directory, `runs/bench/NAME/seed-S` (removed first, so a
 second measurement never resumes or collides with the first), exactly as `grpo train CONFIG
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import busy_threads, load_average, timing_flags, worker_env  # noqa: E402
+from common import busy_threads, settled_load, timing_flags, worker_env  # noqa: E402
 from records import REPO, RESULTS, TRAINING_PATH, _git, machine, write_record  # noqa: E402
 from seed_records import command_for, earlier_runs, join  # noqa: E402
 
@@ -67,6 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "with its config, overrides and evaluations, none of its seeds, and "
                              "none of its files changed since (records.stale); each run keeps "
                              "the commit and date it was measured at (bench/seed_records.py)")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="before each seed, wait up to this long for the 1-minute load "
+                             "average to fall to half the cores (the last seed's evaluations "
+                             "raise it); its reading is what `load_before` records")
     parser.add_argument("--remeasure", action="store_true",
                         help="with --add-to: measure seeds the record holds again on the same "
                              "CPU, replacing their runs only if every evaluation and training "
@@ -76,12 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)  # fmt: skip
 
 
-def run_seed(config: str, seed: int, run_dir: Path, overrides: list[str], threads: int) -> dict:
-    """One `grpo train` process; its resources and its run directory's numbers."""
+def run_seed(config: str, seed: int, run_dir: Path, overrides: list[str], threads: int,
+             settle: float = 0.0) -> dict:  # fmt: skip
+    """One `grpo train` process; its resources and its run directory's numbers. `settle`:
+    seconds it may wait first for the load average to fall (`common.settled_load`)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "grpo", "train", config, "--set", f"seed={seed}",
            "--set", f"run.dir={_shown(run_dir)}"] + [a for o in overrides for a in ("--set", o)]  # fmt: skip
-    load = load_average()
+    load = settled_load(settle)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=worker_env())  # fmt: skip
@@ -214,7 +221,7 @@ def main(argv: list[str] | None = None) -> Path:
     runs = []
     for seed in args.seeds:
         run_dir = REPO / args.runs / args.name / f"seed-{seed}"
-        run = run_seed(args.config, seed, run_dir, args.overrides, threads)
+        run = run_seed(args.config, seed, run_dir, args.overrides, threads, args.settle)
         if args.evaluate_steps:
             run["checkpoint_evaluations"] = evaluate_checkpoints(
                 run, args.evaluate_steps, args.evaluate_set

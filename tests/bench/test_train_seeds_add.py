@@ -111,3 +111,21 @@ def test_the_pages_name_a_remeasured_seed_and_its_first_runs_time():
         "the last digit, and replaced: seed 1's first run, at commit aaaaaaa, 2026-12-05 13:00 "
         "UTC, took 1828 s of training (load 2.6 > 1).")
     assert provenance.remeasured({"results": {"runs": []}}) == ""
+
+
+def test_the_load_is_read_once_it_settles_or_when_the_wait_runs_out():
+    """On 2 cores a load of 1.8 decaying to 0.9 is read after two waits of 5 s; a load that
+    stays at 1.8 is read as 1.8 once the 10 s allowed are spent, and no wait is made at 0."""
+    import common
+
+    def reader(values):
+        it = iter(values)
+        return lambda: next(it)
+
+    slept: list[float] = []
+    load = common.settled_load(60, 2, reader([1.8, 1.4, 0.9, 0.5]), slept.append)
+    assert (load, slept) == (0.9, [5.0, 5.0])
+    slept.clear()
+    assert common.settled_load(10, 2, reader([1.8] * 9), slept.append) == 1.8
+    assert slept == [5.0, 5.0]
+    assert common.settled_load(0, 2, reader([1.8]), slept.append) == 1.8 and len(slept) == 2

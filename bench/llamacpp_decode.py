@@ -149,17 +149,10 @@ def workload(config_path: str, sets: list[str], out: Path) -> dict:
 
 
 def _padded(rows: list[list[int]], G: int, pad_id: int):
-    """Each row G times, left-padded -> ids (B G, P), mask (B G, P)."""
-    import torch
+    """Each row G times (its group), left-padded -> ids (B G, P), mask (B G, P)."""
+    from grpo.lm.sampling import left_pad
 
-    P = max(len(r) for r in rows)
-    ids = torch.full((len(rows) * G, P), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, row in enumerate(rows):
-        for g in range(G):
-            ids[b * G + g, P - len(row) :] = torch.tensor(row)
-            mask[b * G + g, P - len(row) :] = 1
-    return ids, mask
+    return left_pad([row for row in rows for _ in range(G)], pad_id)
 
 
 # ------------------------------------------------------------------ the parts

@@ -1,52 +1,31 @@
 """The "lean" rollout engine: a decoding loop over the model's own layers, nothing else per token.
 
-For decoder-only transformers of the Llama family (Llama, Mistral, Qwen2, Qwen3)
-and Gemma 3 text models (`gemma3_text`: Gemma3ForCausalLM), with or without
-LoRA: `LEAN_MODEL_TYPES`. Each decoding step runs the new tokens through the
-model's own modules (embedding, norms, projections, q/k norms, MLP, output
-layer, rotary module) and the modelling file's own `apply_rotary_pos_emb`; how
-a family wires them (Gemma 3: a norm after each sub-layer too, rotary angles
-per layer type, soft-capped logits) is its entry in
-`grpo.lm.engines.lean_families.FAMILIES`. Only the attention over the cache is
-written here: scaled dot-product attention with the module's `scaling` over
-keys and values kept in a cache allocated once per rollout. What `generate`
-also does per token and this loop does not: build a fresh attention mask,
-concatenate the cache, compute the rotary angles, run stopping-criteria and
-logits-processor objects, keep finished rows in the batch.
-On small models this makes a rollout faster than `generate` (`bench/profile_step.py
---engine lean` and `bench/vllm_rollout.py` time both); at Gemma 3's vocabulary of
-262,144 the output layer, the same in both, is most of each token's work, so the
-loop gains less there (`bench/vllm_rollout.py --models gemma`). On a GPU, vLLM is
-the engine to use.
+For the Llama family (Llama, Mistral, Qwen2, Qwen3) and Gemma 3 text models, with or without
+LoRA (`LEAN_MODEL_TYPES`). Each step runs the new tokens through the model's own modules and
+its modelling file's `apply_rotary_pos_emb`, wired per family as
+`grpo.lm.engines.lean_families.FAMILIES` says; only the attention over a cache allocated once
+per rollout is written here. What it saves against `generate`, and the measurements:
+docs/performance.md ("Choose the rollout engine"). On a GPU, vLLM is the engine to use.
 
 Choices:
-- Identical prompt rows (each prompt arrives G times) are prefilled once:
-  the distinct rows run, then their logits and cache rows are copied to every
-  copy (`LeanDecoder.prefill`). Decoding and the random draws are unchanged.
-- Rows that end (EOS or a stop string) leave the batch at once: their cache
-  rows are dropped, so later steps compute only for rows still decoding. Each
-  step reads back which rows ended (one small device-to-host copy).
-- Sampling is `grpo.functional.sampling` (temperature, top-k, top-p, in
-  `generate`'s order), under the same seeded, forked RNG as the transformers
-  engine; the draws differ from `generate`'s once rows leave the batch.
-- Under a low-precision `rollout.precision` (bf16-mixed) over float32 weights,
-  the loop runs on a copy of the model whose matrices are cast to bfloat16
-  once per rollout (`LowPrecisionCopy`, LoRA adapters merged into it):
-  autocast alone would cast every weight again at every token. The residual
-  stream, the norms' weights, the rotary angles and the cache stay float32,
-  and attention over the cache runs in float32 outside autocast: at one query
-  token, bfloat16 attention kernels ran 3.3x slower than float32 on a CPU
-  (docs/performance.md).
-- Before its first rollout the engine checks itself on the model: the logits of
-  a short probe, prefilled and then decoded token by token, must equal the
-  model's plain forward to within the dtype's rounding, else it raises.
-- Models with a sliding attention window are refused when prompt + completion
-  is longer than the smallest window of any layer (Gemma 3: its sliding layers;
-  its full layers have none): within it, every layer's attention over the
-  cache is exact full attention. Gemma 3 models with soft-capped attention
-  scores or bidirectional attention are refused by name.
+- Identical prompt rows (each prompt arrives G times) are prefilled once, then their logits
+  and cache rows copied to every copy (`LeanDecoder.prefill`); decoding and draws unchanged.
+- Rows that end (EOS or a stop string) leave the batch at once, their cache rows dropped;
+  each step reads back which rows ended (one small device-to-host copy).
+- Sampling is `grpo.functional.sampling` (temperature, top-k, top-p, in `generate`'s order)
+  under the transformers engine's seeded, forked RNG; draws differ from `generate`'s once
+  rows leave the batch.
+- Under bf16-mixed over float32 weights the loop runs on a copy whose matrices are cast to
+  bfloat16 once per rollout (`LowPrecisionCopy`, LoRA merged in), not at every token as
+  autocast would; the residual stream, norms, rotary angles and cache stay float32, and
+  attention over the cache runs in float32 (bfloat16 kernels at one query token were 3.3x
+  slower on a CPU: docs/performance.md).
+- Before its first rollout the engine checks that a short probe's logits, prefilled then
+  decoded token by token, equal the model's plain forward to the dtype's rounding.
+- A model with a sliding attention window is refused when prompt + completion exceeds its
+  smallest window (within it, every layer's attention over the cache is exact); Gemma 3 with
+  soft-capped attention scores or bidirectional attention is refused by name.
 """
-
 from __future__ import annotations
 
 import contextlib

@@ -54,7 +54,7 @@ from grpo.tasks.word_problem_prompts import (
 __all__ = [
     "ANSWER_CHECKS", "EXAMPLE_PROBLEM", "EXAMPLE_SOLUTION", "FORMS", "HELD_OUT_TEMPLATES",
     "INSTRUCTION", "OPERATORS", "SPLITS", "TEMPLATES", "Problem", "WordProblemsConfig",
-    "answer_format", "breakdown", "correct", "correct_strict", "final_number",
+    "answer_format", "breakdown", "correct", "correct_once", "correct_strict", "final_number",
     "generate_dataset", "math_verified", "messages", "stated_answer",
 ]  # fmt: skip
 
@@ -311,6 +311,24 @@ def correct_strict(
     return _scores(stated_answer, completions, answer)
 
 
+def correct_once(
+    prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **_: Any
+) -> list[float]:
+    """1.0 where the completion's first "Answer: N" gives the answer and no number follows
+    it, else 0.0: a reply that states a second answer, or runs on with more numbers after its
+    answer (a line of "Answer: N" repeated to the token limit), scores 0, so it cannot win by
+    a later guess, and a right answer that runs on scores below the same answer stopped."""
+    if len(completions) != len(answer):
+        raise ValueError(f"completions and answer must have the same length, got "
+                         f"{len(completions)} and {len(answer)}")  # fmt: skip
+    scores = []
+    for i, (c, a) in enumerate(zip(completions, answer, strict=True)):
+        first = _STATED.search(_text(c, i))
+        once = first is not None and _NUMBER.search(c, first.end()) is None
+        scores.append(1.0 if once and _to_int(first.group(1)) == int(a) else 0.0)
+    return scores
+
+
 def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
     """1.0 where the completion states "Answer: N" with a whole number N, right or wrong.
 
@@ -333,8 +351,12 @@ def math_verified(
     return [float(s or 0.0) for s in math_answer_reward(prompts, completions, answer)]
 
 
-ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {"integer": correct, "math_verify": math_verified}
-"""How the final answer is checked by value: an exact integer parse, or math-verify."""
+ANSWER_CHECKS: dict[str, Callable[..., list[float]]] = {
+    "integer": correct, "once": correct_once, "math_verify": math_verified,
+}  # fmt: skip
+"""How the training reward `correct` reads the answer: the final number, parsed exactly
+(integer); the first "Answer: N" with no number after it (once); or math-verify. Held-out
+accuracy is always `breakdown`'s (the final number, and "Answer: N" for the strict one)."""
 
 
 def breakdown(rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> dict[str, float]:

@@ -26,6 +26,7 @@ from grpo.tasks.word_problems import (
     answer_format,
     breakdown,
     correct,
+    correct_once,
     correct_strict,
     final_number,
     generate_dataset,
@@ -225,6 +226,39 @@ def test_rewards_hand_checked():
     assert answer_format([], completions) == [1.0, 0.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="same length"):
         correct([], ["8"], ["8", "9"])
+
+
+def test_answer_once_scores_only_a_single_stated_answer_hand_checked():
+    """once: the first "Answer: N" must be right and no number may follow it, so a reply that
+    runs on after its answer, or changes it, scores 0 whatever its last number."""
+    completions = [
+        "5 + 3 = 8.\nAnswer: 8",  # right, stated once
+        "5 + 3 = 8.\nAnswer: 8 stickers.\n\nQuestion:",  # the plain form's stop after it
+        "5 + 3 = 8.\nAnswer: 8\nAnswer: 8\nAnswer: 8",  # right, but runs on
+        "Answer: 7\nAnswer: 8",  # a second guess that the lenient check would take
+        "Answer: 8. Check: 8 - 3 = 5",  # a number after the answer
+        "She has 8 now.",  # right by value, never stated
+        "Answer: 7",  # stated once, wrong
+    ]
+    answers = ["8"] * len(completions)
+    assert correct_once([], completions, answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert correct([], completions, answers) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="same length"):
+        correct_once([], ["Answer: 8"], ["8", "9"])
+    with pytest.raises(TypeError, match=r"completions\[0\]"):
+        correct_once([], [8], ["8"])
+
+
+def test_answer_check_once_sets_the_training_reward_not_the_held_out_accuracy(
+    tmp_path, tiny_llama
+):
+    """answer_check picks the reward's `correct`; the held-out accuracy stays the lenient
+    check (breakdown) whichever is picked."""
+    path = config_file(tmp_path, tiny_llama)
+    parts = build_task(load_config(path, ["task.options.answer_check=once"]))
+    assert parts.reward.functions["correct"] is correct_once
+    rows = [{"answer": 8, "equation": "5+3", "operations": 1}]
+    assert breakdown(rows, ["Answer: 7\nAnswer: 8"])["accuracy"] == 1.0
 
 
 def test_breakdown_reports_strict_and_lenient_by_operation_count():

@@ -8,7 +8,11 @@ its weights, their gradients and the optimizer state stay float32 (mixed
 precision, Micikevicius et al. 2018): `torch.autocast` runs matrix products
 in the low dtype from float32 weights and gradients come back in float32.
 Everything computed from the model's outputs after it (log-softmax, loss,
-advantages, KL) is float32 as without it.
+advantages, KL) is float32 as without it. bf16-copy (`COPIED`) keeps the same
+float32 weights, gradients and optimizer state, but runs the forward and
+backward on a bfloat16 copy of the model, re-cast once per optimizer step
+(`grpo.lm.compute_copy`), with no autocast: the norms, residual stream and
+attention compute in bfloat16 too.
 
 Autocast keeps a cache of each weight's low-precision cast while a forward runs,
 so a weight used twice (a prompt's forward shared by its group's completions)
@@ -51,6 +55,7 @@ from torch import Tensor
 
 __all__ = [
     "AUTO",
+    "COPIED",
     "PRECISIONS",
     "PRECISION_ALIASES",
     "bfloat16_fast",
@@ -70,8 +75,13 @@ PRECISIONS: dict[str, torch.dtype | None] = {
     "fp32": None,  # everything in the weights' own dtype
     "bf16-mixed": torch.bfloat16,  # float32 weights, bfloat16 matrix products (autocast)
     "fp16-mixed": torch.float16,  # as bf16-mixed; needs a gradient scaler against underflow
+    "bf16-copy": torch.bfloat16,  # float32 masters; forward and backward on a bfloat16 copy
 }
-"""precision name -> autocast dtype (None = no autocast)."""
+"""precision name -> the dtype matrix products run in (None = the weights' own)."""
+
+COPIED: frozenset[str] = frozenset({"bf16-copy"})
+"""Precisions computed on a copy of the model in their dtype (`grpo.lm.compute_copy`), with no
+autocast: the model a forward runs is the copy, not the float32 one."""
 
 PRECISION_ALIASES: dict[str, str] = {
     "float32": "fp32",
@@ -90,14 +100,16 @@ _MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}  # stored fraction bits
 log = logging.getLogger(__name__)
 
 
-def check_precision(field: str, value: Any, *, auto: bool = False) -> str:
-    """`value` as a `PRECISIONS` name (aliases mapped), or `AUTO` where `auto` allows it;
-    raises naming `field` otherwise."""
+def check_precision(field: str, value: Any, *, auto: bool = False, copy: bool = True) -> str:
+    """`value` as a `PRECISIONS` name (aliases mapped), or `AUTO` where `auto` allows it, and a
+    `COPIED` one only where `copy` allows it (a causal-LM policy); raises naming `field`
+    otherwise."""
     name = PRECISION_ALIASES.get(value, value) if isinstance(value, str) else value
     if auto and name == AUTO:
         return AUTO
-    if name not in PRECISIONS:
-        allowed = ", ".join([*PRECISIONS, *PRECISION_ALIASES, *([AUTO] if auto else [])])
+    if name not in PRECISIONS or (name in COPIED and not copy):
+        names = [p for p in PRECISIONS if copy or p not in COPIED]
+        allowed = ", ".join([*names, *PRECISION_ALIASES, *([AUTO] if auto else [])])
         raise ValueError(f"{field}: got {value!r}; allowed: {allowed}")
     return name
 
@@ -141,7 +153,8 @@ def bfloat16_fast(device: torch.device | str) -> tuple[bool | None, str]:
 def resolve_precision(field: str, precision: str, device: torch.device | str) -> str:
     """`precision` (a `PRECISIONS` name or `AUTO`) for a model on `device`: auto -> bf16-mixed
     where `bfloat16_fast`, else fp32 (said in the log, logger "grpo.precision"); bf16-mixed
-    where bfloat16 is slower stays, with one warning naming `field`; anything else as it is."""
+    or bf16-copy where bfloat16 is slower stays, with one warning naming `field`; anything
+    else as it is."""
     if precision != AUTO and PRECISIONS[precision] is not torch.bfloat16:
         return precision
     fast, why = bfloat16_fast(device)
@@ -151,7 +164,7 @@ def resolve_precision(field: str, precision: str, device: torch.device | str) ->
         return chosen
     if fast is False:
         warnings.warn(
-            f"{field}: bf16-mixed, but {why}: fp32 (or auto) computes faster on this device",
+            f"{field}: {precision}, but {why}: fp32 (or auto) computes faster on this device",
             stacklevel=3,
         )
     return precision
@@ -179,9 +192,10 @@ def release_weight_cache(everything: bool = False) -> None:
 
 def compute_precision(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     """The context a forward (and the backward of what it builds) runs under:
-    `torch.autocast` to the precision's dtype, or nothing for fp32."""
+    `torch.autocast` to the precision's dtype, or nothing for fp32 and for a precision
+    computed on a copy (`COPIED`: the copy is already in its dtype)."""
     dtype = PRECISIONS[precision]
-    if dtype is None:
+    if dtype is None or precision in COPIED:
         return contextlib.nullcontext()
     return torch.autocast(device_type, dtype=dtype, cache_enabled=_cache_off_holds == 0)
 

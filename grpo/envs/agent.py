@@ -200,7 +200,7 @@ def _score_conversations(
     policy = episodes.policy
     tokens = [rollout_tokens(policy.tokenizer, rollout) for rollout in actions]
     return conversation_logprobs(
-        policy.model, tokens, pad_token_id=policy.tokenizer.pad_token_id,
+        policy.compute_model(), tokens, pad_token_id=policy.tokenizer.pad_token_id,
         temperature=policy.settings.generation.temperature,
         chunked_output_layer=policy.settings.chunked_output_layer,
         precision=policy.settings.precision,

@@ -18,11 +18,15 @@ recomputation is the idea behind "cut cross-entropy" losses (Wijmans et al.
 Departures from computing logits = hidden @ weight.T first:
 - Backward recomputes each chunk's logits from the saved hidden states and
   weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
-  any (N, T, V) tensor: peak extra memory is one fp32 chunk of rows x V.
+  any (N, T, V) tensor: peak extra memory is a few fp32 chunks of rows x V
+  (`CHUNK_BLOCKS`). A
+  weight that does not require a gradient (a frozen, tied embedding) gets
+  none: no (V, H) gradient is allocated or accumulated.
 - Logits are computed in fp32 (fp64 for fp64 inputs) whatever the dtype of
   hidden and weight, and with autocast turned off inside, so a caller's
   bfloat16 autocast does not lower them; gradients are returned in the
-  inputs' dtypes.
+  inputs' dtypes. A lower-precision weight is cast once per call (an fp32
+  copy of it lives while the call runs), not once per chunk.
 """
 
 from __future__ import annotations
@@ -34,7 +38,20 @@ from torch.autograd.function import once_differentiable
 from grpo.functional._checks import check_positive
 from grpo.functional.logprobs import _ENTROPY, _LOG_SOFTMAX, DEFAULT_CHUNK_ELEMENTS, _RowOp
 
-__all__ = ["output_layer_entropy", "output_layer_logprobs", "output_layer_logprobs_entropy"]
+__all__ = [
+    "CHUNK_BLOCKS",
+    "output_layer_entropy",
+    "output_layer_logprobs",
+    "output_layer_logprobs_entropy",
+]
+
+CHUNK_BLOCKS = 8
+"""A chunk of rows (when `chunk_size` is None) is this many blocks of about
+`DEFAULT_CHUNK_ELEMENTS` logits each: the weight, read once per chunk and pass, is read
+this many times fewer than with one block per chunk (over a 262k vocabulary a block is 16
+rows, and reading the weight per block made the layer bound by memory), for that many times
+the temporaries (128 MiB of fp32 logits per chunk). The weight and bias gradients still sum
+block by block, so every result is bit for bit that of `chunk_size` = one block."""
 
 
 class _OutputLayer(torch.autograd.Function):
@@ -42,20 +59,22 @@ class _OutputLayer(torch.autograd.Function):
     each chunk's logits are computed once and serve every op in `ops`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, ops, step, temperature):
+    def forward(ctx, hidden, weight, bias, index, ops, step, block, temperature):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
         out = torch.empty(len(ops), rows.shape[0], dtype=dtype, device=hidden.device)  # (k, R)
         log_norm = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
+        wide = weight.to(dtype)  # (V, H) cast once, not per chunk (none for a float32 weight)
         for start in range(0, rows.shape[0], step):
             part = slice(start, start + step)
             with _no_autocast(hidden):
-                z = _logits(rows[part], weight, bias, dtype, temperature)  # (r, V): largest temp.
+                z = _logits(rows[part], wide, bias, dtype, temperature)  # (r, V): largest temp.
             log_norm[part] = torch.logsumexp(z, dim=-1)
             for k, op in enumerate(ops):
                 out[k, part] = op.forward(z, index[part], log_norm[part])
         ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
-        ctx.ops, ctx.step, ctx.temperature, ctx.shape = ops, step, temperature, hidden.shape
+        ctx.ops, ctx.step, ctx.block = ops, step, block
+        ctx.temperature, ctx.shape = temperature, hidden.shape
         ctx.set_materialize_grads(False)  # an output nothing depends on gets no backward work
         # copies: in-place edits of the results cannot reach the saved `out`
         return tuple(o.view(hidden.shape[:-1]).clone() for o in out)
@@ -70,28 +89,35 @@ class _OutputLayer(torch.autograd.Function):
             if g is not None
         ]
         if not used:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         grad_rows = torch.empty_like(rows)  # (R, H)
-        grad_weight = torch.zeros(weight.shape, dtype=out.dtype, device=weight.device)  # (V, H)
-        grad_bias = (
-            None if bias is None else torch.zeros(bias.shape, dtype=out.dtype, device=bias.device)
-        )
+        # a frozen weight (or bias) gets no gradient, and costs no (V, H) product per chunk
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros(weight.shape, dtype=out.dtype, device=weight.device)  # (V, H)
+        grad_bias = None
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = torch.zeros(bias.shape, dtype=out.dtype, device=bias.device)  # (V,)
+        wide = weight.to(out.dtype)  # (V, H) cast once, as in forward
         for start in range(0, rows.shape[0], ctx.step):
             part = slice(start, start + ctx.step)
             with _no_autocast(rows):
-                z = _logits(rows[part], weight, bias, out.dtype, ctx.temperature)  # (r, V)
+                z = _logits(rows[part], wide, bias, out.dtype, ctx.temperature)  # (r, V)
                 grad_z = sum(
                     op.backward(z, index[part], log_norm[part], o[part], g[part])
                     for op, o, g in used
                 )  # (r, V)
                 grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
-                grad_rows[part] = grad_z @ weight.to(out.dtype)  # (r, H)
-                grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))  # (V, H), in place
-            if grad_bias is not None:
-                grad_bias += grad_z.sum(0)
-        grad_weight = grad_weight.to(weight.dtype)
+                grad_rows[part] = grad_z @ wide  # (r, H)
+                for low in range(0, grad_z.shape[0], ctx.block):  # sums block by block
+                    piece = slice(low, low + ctx.block)
+                    if grad_weight is not None:  # (V, H), in place
+                        grad_weight.addmm_(grad_z[piece].T, rows[part][piece].to(out.dtype))
+                    if grad_bias is not None:
+                        grad_bias += grad_z[piece].sum(0)
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None
+        return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None, None
 
 
 def _no_autocast(like: Tensor) -> torch.autocast:
@@ -119,15 +145,16 @@ def _run(
     temperature = check_positive(temperature, "temperature")
     if chunk_size is not None:
         chunk_size = int(check_positive(chunk_size, "chunk_size"))
-    step = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
+    block = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
+    step = chunk_size or block * CHUNK_BLOCKS
     if where is None:
         flat_index = index.reshape(-1).long()  # (R,)
-        return _OutputLayer.apply(hidden, weight, bias, flat_index, ops, step, temperature)
+        return _OutputLayer.apply(hidden, weight, bias, flat_index, ops, step, block, temperature)
     if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != index.shape:
         got = f"{tuple(where.shape)} {where.dtype}" if isinstance(where, Tensor) else where
         raise ValueError(f"where: got {got}; allowed: None or bool of shape {tuple(index.shape)}")
     picked = hidden[where], index[where].long()  # (R, H), (R,): the positions asked for only
-    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], ops, step, temperature)
+    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], ops, step, block, temperature)
     return tuple(o.new_zeros(where.shape).masked_scatter(where, o) for o in outs)  # (...) each
 
 
@@ -154,8 +181,8 @@ def output_layer_logprobs(
     """log softmax((hidden @ weight.T + bias) / temperature)[index]: (..., H), (V, H), (...) -> (...).
 
     Equal to `selective_log_softmax(hidden @ weight.T + bias, index, temperature=...)`
-    without the logits tensor. `chunk_size` rows per chunk (None: about
-    `DEFAULT_CHUNK_ELEMENTS` logits). `where` (...) bool: compute at those positions only,
+    without the logits tensor. `chunk_size` rows per chunk (None: `CHUNK_BLOCKS` blocks of
+    about `DEFAULT_CHUNK_ELEMENTS` logits). `where` (...) bool: compute at those positions only,
     0 elsewhere (padding and prompt positions cost nothing). Gradients flow to hidden,
     weight and bias.
     """

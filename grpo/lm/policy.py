@@ -16,8 +16,10 @@ Choices:
   keeps the policy's weights dtype and scores in its `precision`.
 - `precision` bf16-mixed computes the forward and backward under bfloat16
   autocast while weights, gradients and optimizer state stay float32
-  (`grpo.precision`); sampling computes in `rollout.precision`, by default the
-  same.
+  (`grpo.precision`); bf16-copy computes them on a bfloat16 copy of the model
+  (`compute_model()`, `grpo.lm.compute_copy`), whose gradients land on the
+  float32 weights; sampling computes in `rollout.precision`, by default the
+  same (the transformers engine samples from the same copy).
 - Sampling goes through a rollout engine (`grpo.lm.engines`): the model's own
   `generate` by default, a lean decoding loop, or vLLM computing with the same
   weights; the sampled ids are cut into completions here, so masks do not
@@ -44,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from grpo.lm.completion import Completion
+from grpo.lm.compute_copy import ComputeCopy
 from grpo.lm.engines import RolloutSettings, make_rollout_engine
 from grpo.lm.engines.mismatch import engine_logprobs, gap_metrics, importance_weights
 from grpo.lm.loading import (
@@ -67,7 +70,7 @@ from grpo.lm.sampling import (
 )
 from grpo.lm.scoring import ScoringSettings, score_completions
 from grpo.lm.settings import CausalLMSettings
-from grpo.precision import resolve_precision
+from grpo.precision import COPIED, PRECISIONS, resolve_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["CausalLMPolicy", "CausalLMSettings", "disable_dropout"]
@@ -108,7 +111,14 @@ class CausalLMPolicy:
         s.precision = resolve_precision("policy.precision", s.precision, device)
         if r.precision is not None:
             r.precision = resolve_precision("rollout.precision", r.precision, device)
-        self.rollout_engine = make_rollout_engine(r, model, tokenizer, s.precision)
+        # bf16-copy's bfloat16 copy (grpo.lm.compute_copy): the scorer's, and the sampler's
+        # where the transformers engine samples in it (the lean engine casts its own)
+        copy_samples = r.engine == "transformers" and (r.precision or s.precision) in COPIED
+        copied = [p for p in (s.precision, r.precision or s.precision) if p in COPIED]
+        needed = s.precision in COPIED or copy_samples
+        self.compute_copy = ComputeCopy(model, PRECISIONS[copied[0]]) if needed else None
+        sampler = self.compute_copy.model if copy_samples else model
+        self.rollout_engine = make_rollout_engine(r, sampler, tokenizer, s.precision)
 
     @classmethod
     def from_pretrained(
@@ -161,6 +171,11 @@ class CausalLMPolicy:
     def load_state_dict(self, state: dict[str, Tensor]) -> Any:
         return self.model.load_state_dict(state)
 
+    def compute_model(self) -> nn.Module:
+        """The network a forward computes with: under bf16-copy its bfloat16 copy, re-cast
+        first if the weights changed (`ComputeCopy.current`), else the model itself."""
+        return self.model if self.compute_copy is None else self.compute_copy.current()
+
     def sampling_state(self) -> dict[str, int]:
         """Where the sampling seeds have got to (for resuming a run bitwise)."""
         return {"sampling_calls": self._sampling_calls}
@@ -203,6 +218,8 @@ class CausalLMPolicy:
         rows = [ids for ids in prompt_rows for _ in range(G)]  # (N,) groups contiguous
         seed = None if settings.seed is None else call_seed(settings.seed, self._sampling_calls)
         self._sampling_calls += 1
+        if self.compute_copy is not None:
+            self.compute_copy.current()  # re-cast before the engine samples from it
         samples = self.rollout_engine.sample(rows, settings, self.eos_token_ids, seed)
         engine_logprobs = samples.logprobs or [None] * len(rows)
         completions = [
@@ -249,7 +266,8 @@ class CausalLMPolicy:
         """
         if len(states) != len(actions):
             raise ValueError(f"states and actions must align; got {len(states)} and {len(actions)}")
-        out, metrics = score_completions(self.model, actions, self.scoring_settings())
+        scorer = self.model if self.settings.precision not in COPIED else self.compute_model()
+        out, metrics = score_completions(scorer, actions, self.scoring_settings())
         if not torch.is_grad_enabled():  # the rollout's pass: its statistics are rollout metrics
             if "entropy/mean" in metrics:
                 self.rollout_metrics["entropy/rollout_mean"] = metrics["entropy/mean"]

@@ -9,6 +9,7 @@ duplicate or update it by accident.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ class AdapterDisabledReference:
     def get_token_log_probabilities(
         self, states: Sequence[Any], actions: Sequence[Any]
     ) -> TokenLogProbs:
-        model = self.policy.model
+        model = self.policy.compute_model()  # bf16-copy's copy: the base weights in bfloat16
         was_training = model.training
         model.eval()  # no dropout in the reference, whatever mode the policy is in
         try:
@@ -63,5 +64,9 @@ class AdapterDisabledReference:
     def generate_actions(
         self, states: Sequence[Any], num_actions_per_state: int, **kwargs: Any
     ) -> Any:
-        with self.policy.model.disable_adapter():
+        copied = self.policy.compute_copy
+        with contextlib.ExitStack() as adapters_off:
+            adapters_off.enter_context(self.policy.model.disable_adapter())
+            if copied is not None:  # the transformers engine may sample from the copy
+                adapters_off.enter_context(copied.model.disable_adapter())
             return self.policy.generate_actions(states, num_actions_per_state, **kwargs)

@@ -50,8 +50,11 @@ class CausalLMSettings:
     (needs a gradient scaler), or auto: bf16-mixed where bfloat16 matrix products beat float32
     on the model's device (a GPU with native bfloat16, a CPU measured when the policy is
     built), else fp32; the run's config.yaml records the choice. bf16-mixed set by hand where
-    bfloat16 is slower (emulated: CPUs without native bfloat16 instructions) warns. Sampling
-    computes in it too unless rollout.precision says
+    bfloat16 is slower (emulated: CPUs without native bfloat16 instructions) warns.
+    bf16-copy: the same float32 weights, gradients and optimizer state, the forward and
+    backward on a bfloat16 copy of the model re-cast once per optimizer step (norms,
+    residual stream and attention in bfloat16 too; `grpo.lm.compute_copy`); one process
+    only, not with FSDP2 or DDP. Sampling computes in it too unless rollout.precision says
     otherwise. Keep model.dtype float32 (or auto for a float32 checkpoint) with it: weights
     stored in bfloat16 lose updates smaller than their spacing (docs/performance.md)."""
 

@@ -134,7 +134,9 @@ class MaskedFillConfig:
         if self.autocast_dtype is not None:  # the older spelling wins where it was set
             self.precision = self.autocast_dtype
             self.autocast_dtype = None
-        self.precision = check_precision("MaskedFillConfig.precision", self.precision, auto=True)
+        self.precision = check_precision(
+            "MaskedFillConfig.precision", self.precision, auto=True, copy=False
+        )
 
 
 class MaskedFillPolicy:

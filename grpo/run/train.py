@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from grpo import distributed
+from grpo.precision import COPIED
 from grpo.protocols import hook
 from grpo.rewards.errors import RewardError
 from grpo.run.config import RunConfig
@@ -78,6 +79,15 @@ def build_loop(
         generation = config.policy.generation
         if generation.seed is not None:
             generation.seed += 1000 * distributed.rank()
+    if config.policy.precision in COPIED and (world > 1 or config.run.max_staleness):
+        where = (
+            f"{world} processes" if world > 1 else f"run.max_staleness={config.run.max_staleness}"
+        )
+        raise ConfigError(
+            f"policy.precision: bf16-copy with {where}; allowed: bf16-copy on one process with "
+            "max_staleness 0 (the copy's gradients reach the float32 weights by hooks that data "
+            "parallelism and a sampling thread would bypass), or bf16-mixed"
+        )
     if config.run.max_staleness and config.rollout.engine == "vllm":
         raise ConfigError(
             f"run.max_staleness={config.run.max_staleness} with rollout.engine vllm: the "

@@ -134,3 +134,49 @@ def test_bad_shapes_name_the_argument():
         output_layer_logprobs(hidden, weight[:, :4], index)
     with pytest.raises(ValueError, match="index"):
         output_layer_logprobs(hidden, weight, index + 11)
+
+
+def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged():
+    """With the weight and bias frozen (requires_grad False), d/d(hidden) is bit for bit the
+    one computed with them trainable, and no gradient is made for them (their .grad stays
+    None); a bfloat16 weight gives the same log-probs as its float32 value."""
+    hidden, weight, bias, index = _inputs(dtype=torch.float32)
+    upstream = torch.randn(3, 5)
+    trained = output_layer_logprobs_entropy(hidden, weight, index, bias=bias, chunk_size=4)
+    (want,) = torch.autograd.grad((trained[0] * upstream).sum(), (hidden,))
+    frozen_w, frozen_b = weight.detach(), bias.detach()
+    ours = output_layer_logprobs_entropy(hidden, frozen_w, index, bias=frozen_b, chunk_size=4)
+    (ours[0] * upstream).sum().backward()
+    assert torch.equal(hidden.grad, want)
+    assert frozen_w.grad is None and frozen_b.grad is None
+    low = weight.detach().to(torch.bfloat16)
+    got = output_layer_logprobs(hidden.detach(), low, index, chunk_size=4)
+    plain = output_layer_logprobs(hidden.detach(), low.float(), index, chunk_size=4)
+    assert torch.equal(got, plain)
+
+
+def test_the_default_chunk_gives_bit_for_bit_the_results_of_one_block_per_chunk():
+    """The default chunk (`CHUNK_BLOCKS` blocks of rows) reads the weight fewer times but
+    returns, bit for bit, the log-probs, entropy and the hidden, weight and bias gradients of
+    chunk_size = one block (about DEFAULT_CHUNK_ELEMENTS logits): the rows of a chunk are
+    independent and the weight's gradient still sums block by block."""
+    from grpo.functional.logprobs import DEFAULT_CHUNK_ELEMENTS
+    from grpo.functional.output_layer import CHUNK_BLOCKS
+
+    V, H, rows = 2**17, 16, 32 * CHUNK_BLOCKS + 5  # a block is DEFAULT_CHUNK_ELEMENTS / V rows
+    block = DEFAULT_CHUNK_ELEMENTS // V
+    assert block > 1 and block * CHUNK_BLOCKS < rows  # several chunks, each of several blocks
+    gen = torch.Generator().manual_seed(5)
+    results = []
+    for chunk_size in (None, block):
+        hidden = torch.randn(rows, H, generator=gen.manual_seed(5), requires_grad=True)
+        weight = (torch.randn(V, H, generator=gen) * 0.1).requires_grad_()
+        bias = torch.randn(V, generator=gen).requires_grad_()
+        index = torch.randint(0, V, (rows,), generator=gen)
+        lp, ent = output_layer_logprobs_entropy(
+            hidden, weight, index, bias=bias, temperature=0.7, chunk_size=chunk_size
+        )
+        (lp.sum() + 0.5 * ent.sum()).backward()
+        results.append((lp, ent, hidden.grad, weight.grad, bias.grad))
+    for ours, one_block in zip(*results, strict=True):
+        assert torch.equal(ours, one_block)

@@ -172,8 +172,10 @@ class RolloutSettings:
     """Settings of the vLLM servers (used when engine is "vllm_server")."""
     precision: str | None = None
     """What the transformers and lean engines compute in while sampling (fp32, bf16-mixed,
-    fp16-mixed, or auto as in policy.precision: `grpo.precision`); None = policy.precision. The transformers engine runs
-    generate under autocast; the lean engine, over float32 weights, samples from a copy of the
+    fp16-mixed, bf16-copy, or auto as in policy.precision: `grpo.precision`); None =
+    policy.precision. The transformers engine runs generate under autocast, or under
+    bf16-copy on the policy's bfloat16 copy (the scorer's, when policy.precision is
+    bf16-copy too); the lean engine, over float32 weights, samples from a copy of the
     weights cast to the low dtype once per rollout, attention and cache in float32
     (docs/performance.md). When it differs from
     policy.precision, sampling is no longer the scorer's distribution: the old-log-prob pass

@@ -210,6 +210,16 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
             ("roofline_gemma_unfrozen", "embedding trained"),
         ),
     ),
+    "roofline-precision": functools.partial(
+        roofline_results.compare,
+        source=source,
+        runs=(
+            ("roofline", "SmolLM2-135M, bf16-mixed"),
+            ("roofline_bf16_copy", "SmolLM2-135M, bf16-copy"),
+            ("roofline_gemma", "Gemma 3 270M, bf16-mixed"),
+            ("roofline_gemma_bf16_copy", "Gemma 3 270M, bf16-copy"),
+        ),
+    ),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),

@@ -103,10 +103,10 @@ class _OutputLayer(torch.autograd.Function):
             part = slice(start, start + ctx.step)
             with _no_autocast(rows):
                 z = _logits(rows[part], wide, bias, out.dtype, ctx.temperature)  # (r, V)
-                grad_z = sum(
-                    op.backward(z, index[part], log_norm[part], o[part], g[part])
-                    for op, o, g in used
-                )  # (r, V)
+                grad_z = None  # (r, V): the ops' gradients summed in place
+                for op, o, g in used:
+                    grad = op.backward(z, index[part], log_norm[part], o[part], g[part])
+                    grad_z = grad if grad_z is None else grad_z.add_(grad)
                 grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
                 grad_rows[part] = grad_z @ wide  # (r, H)
                 for low in range(0, grad_z.shape[0], ctx.block):  # sums block by block
@@ -128,8 +128,8 @@ def _no_autocast(like: Tensor) -> torch.autocast:
 def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperature) -> Tensor:
     z = rows.to(dtype) @ weight.to(dtype).T  # (r, V)
     if bias is not None:
-        z = z + bias.to(dtype)
-    return z / temperature
+        z.add_(bias.to(dtype))  # in place: a (r, V) temporary fewer, the same numbers
+    return z.div_(temperature)
 
 
 def _run(

@@ -155,6 +155,8 @@ class CausalLMPolicy:
 
     def to(self, device: Any) -> CausalLMPolicy:
         self.model.to(device)
+        if self.compute_copy is not None:  # bf16-copy's copy goes with it
+            self.compute_copy.model.to(device)
         return self
 
     @property

@@ -54,8 +54,8 @@ from grpo.tasks.word_problem_prompts import (
 __all__ = [
     "ANSWER_CHECKS", "EXAMPLE_PROBLEM", "EXAMPLE_SOLUTION", "FORMS", "HELD_OUT_TEMPLATES",
     "INSTRUCTION", "OPERATORS", "SPLITS", "TEMPLATES", "Problem", "WordProblemsConfig",
-    "answer_format", "breakdown", "correct", "correct_once", "correct_strict", "final_number",
-    "generate_dataset", "math_verified", "messages", "stated_answer",
+    "answer_alone", "answer_format", "breakdown", "correct", "correct_once", "correct_strict",
+    "final_number", "generate_dataset", "math_verified", "messages", "stated_answer",
 ]  # fmt: skip
 
 OPERATORS = ("+", "-", "*", "/")
@@ -311,6 +311,14 @@ def correct_strict(
     return _scores(stated_answer, completions, answer)
 
 
+def answer_alone(text: str) -> int | None:
+    """N of the first "Answer: N" in `text` when no number follows it; None otherwise."""
+    first = _STATED.search(text)
+    if first is None or _NUMBER.search(text, first.end()) is not None:
+        return None
+    return _to_int(first.group(1))
+
+
 def correct_once(
     prompts: Sequence[Any], completions: Sequence[Any], answer: Sequence[Any], **_: Any
 ) -> list[float]:
@@ -318,15 +326,7 @@ def correct_once(
     it, else 0.0: a reply that states a second answer, or runs on with more numbers after its
     answer (a line of "Answer: N" repeated to the token limit), scores 0, so it cannot win by
     a later guess, and a right answer that runs on scores below the same answer stopped."""
-    if len(completions) != len(answer):
-        raise ValueError(f"completions and answer must have the same length, got "
-                         f"{len(completions)} and {len(answer)}")  # fmt: skip
-    scores = []
-    for i, (c, a) in enumerate(zip(completions, answer, strict=True)):
-        first = _STATED.search(_text(c, i))
-        once = first is not None and _NUMBER.search(c, first.end()) is None
-        scores.append(1.0 if once and _to_int(first.group(1)) == int(a) else 0.0)
-    return scores
+    return _scores(answer_alone, completions, answer)
 
 
 def answer_format(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:

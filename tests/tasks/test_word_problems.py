@@ -23,6 +23,7 @@ from grpo.tasks.word_problems import (
     SPLITS,
     TEMPLATES,
     WordProblemsConfig,
+    answer_alone,
     answer_format,
     breakdown,
     correct,
@@ -243,6 +244,7 @@ def test_answer_once_scores_only_a_single_stated_answer_hand_checked():
     answers = ["8"] * len(completions)
     assert correct_once([], completions, answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert correct([], completions, answers) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    assert [answer_alone(c) for c in completions] == [8, 8, None, None, None, None, 7]
     with pytest.raises(ValueError, match="same length"):
         correct_once([], ["Answer: 8"], ["8", "9"])
     with pytest.raises(TypeError, match=r"completions\[0\]"):

@@ -55,6 +55,7 @@ from torch import Tensor
 
 __all__ = [
     "AUTO",
+    "AUTOCAST_TWIN",
     "COPIED",
     "PRECISIONS",
     "PRECISION_ALIASES",
@@ -82,6 +83,10 @@ PRECISIONS: dict[str, torch.dtype | None] = {
 COPIED: frozenset[str] = frozenset({"bf16-copy"})
 """Precisions computed on a copy of the model in their dtype (`grpo.lm.compute_copy`), with no
 autocast: the model a forward runs is the copy, not the float32 one."""
+
+AUTOCAST_TWIN: dict[str, str] = {"bf16-copy": "bf16-mixed"}
+"""A `COPIED` precision -> the autocast one with the same dtype: what code running the float32
+model itself in that precision computes under (the lean engine's own bfloat16 copy)."""
 
 PRECISION_ALIASES: dict[str, str] = {
     "float32": "fp32",

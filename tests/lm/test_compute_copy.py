@@ -213,3 +213,17 @@ def test_bf16_copy_is_refused_where_it_cannot_run():
     )
     with pytest.raises(ConfigError, match="policy.precision: bf16-copy with run.max_staleness=1"):
         build_loop(config, lambda config: pytest.fail("the parts were built"))
+
+
+def test_the_lean_engine_samples_under_bf16_copy_as_under_bf16_mixed(tiny_lm_dir):
+    """The lean engine holds the float32 model and samples from its own bfloat16 copy: under
+    bf16-copy it draws, bit for bit, the tokens it draws under bf16-mixed from the same weights
+    and seed, and counts as the scorer as it does there."""
+    path = tiny_lm_dir("llama")
+    drawn = {}
+    for precision in ("bf16-mixed", "bf16-copy"):
+        policy = policy_with(path, precision, "lean")
+        assert policy.sampler_is_scorer
+        drawn[precision] = [a.completion_ids for a in sampled(policy)]
+    assert drawn["bf16-copy"] == drawn["bf16-mixed"]
+    assert any(len(ids) > 1 for ids in drawn["bf16-copy"])

@@ -45,7 +45,7 @@ from grpo.lm.engines.low_precision import LowPrecisionCopy
 from grpo.lm.engines.transformers import TransformersEngine
 from grpo.lm.loading import is_peft_model
 from grpo.lm.sampling import GenerationSettings
-from grpo.precision import PRECISIONS, compute_dtype
+from grpo.precision import AUTOCAST_TWIN, PRECISIONS, compute_dtype
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "LeanEngine"]
 
@@ -339,6 +339,11 @@ class LeanEngine(TransformersEngine):
         self.low_decoder: LeanDecoder | None = None  # over `low`
         self.check_gap: float | None = None
         """The self-check's relative logit gap, once the first rollout has run it."""
+
+    def context_precision(self) -> str:
+        """Autocast's twin of a copied precision (bf16-copy -> bf16-mixed): this engine holds
+        the float32 model and samples from its own bfloat16 copy, as under bf16-mixed."""
+        return AUTOCAST_TWIN.get(self.precision, self.precision)
 
     def _rollout_decoder(self) -> LeanDecoder:
         """The decoder over the model itself, or, for a low precision over float32 weights,

@@ -67,7 +67,7 @@ class TransformersEngine:
         self.model.eval()  # the chess loop: no dropout noise in the behaviour policy
         device_type = next(self.model.parameters()).device.type
         try:
-            with torch.no_grad(), compute_precision(self.precision, device_type):
+            with torch.no_grad(), compute_precision(self.context_precision(), device_type):
                 return self._samples(prompt_rows, settings, eos_ids, seed)
         finally:
             self.model.train(was_training)
@@ -85,6 +85,11 @@ class TransformersEngine:
             self.model, self.tokenizer, prompt_rows, settings, eos_ids, seed,
             self.reports_logprobs(settings),
         )  # fmt: skip
+
+    def context_precision(self) -> str:
+        """The precision `sample` runs under: its own (the model it holds is bf16-copy's
+        copy when that is its precision)."""
+        return self.precision
 
     def reports_logprobs(self, settings: GenerationSettings) -> bool:
         """True when the sampled distribution is not the scorer's: truncated (top-k, top-p),

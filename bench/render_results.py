@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
 import decode_results  # noqa: E402
 import gpu_results  # noqa: E402
+import loss_precision  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
@@ -210,22 +211,21 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
             ("roofline_gemma_unfrozen", "embedding trained"),
         ),
     ),
-    "roofline-precision": functools.partial(
-        roofline_results.compare,
-        source=source,
-        runs=(
-            ("roofline", "SmolLM2-135M, bf16-mixed"),
-            ("roofline_bf16_copy", "SmolLM2-135M, bf16-copy"),
-            ("roofline_gemma", "Gemma 3 270M, bf16-mixed"),
-            ("roofline_gemma_bf16_copy", "Gemma 3 270M, bf16-copy"),
-        ),
-    ),
+    "loss-precision": lambda records: _loss_precision(records, "loss_precision"),
+    "loss-precision-gemma": lambda records: _loss_precision(records, "loss_precision_gemma"),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
     "features": functools.partial(gpu_results.features, source=source),
     "summary": summary,
 }
+
+
+def _loss_precision(records: dict, name: str) -> str:
+    """bench/loss_precision.py's side-by-side table, what it measured, and its source."""
+    results = records[name]["results"]
+    return (loss_precision.table(results) + "\n\n" + loss_precision.note(results) + "\n\n"
+            + source(records[name]))  # fmt: skip
 
 
 # ------------------------------------------------------------------ pages

@@ -51,7 +51,10 @@ CHUNK_BLOCKS = 8
 this many times fewer than with one block per chunk (over a 262k vocabulary a block is 16
 rows, and reading the weight per block made the layer bound by memory), for that many times
 the temporaries (128 MiB of fp32 logits per chunk). The weight and bias gradients still sum
-block by block, so every result is bit for bit that of `chunk_size` = one block."""
+block by block. Every result equals that of `chunk_size` = one block to float rounding, not
+always bit for bit: a matrix-product kernel may round a row differently when the product holds
+more rows (on a Xeon with AMX, a 5-row tail of 85-row blocks did), and a run's numbers then
+part from the one-block runs' within a few steps."""
 
 
 class _OutputLayer(torch.autograd.Function):

@@ -155,11 +155,12 @@ def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged()
     assert torch.equal(got, plain)
 
 
-def test_the_default_chunk_gives_bit_for_bit_the_results_of_one_block_per_chunk():
+def test_the_default_chunk_gives_the_results_of_one_block_per_chunk():
     """The default chunk (`CHUNK_BLOCKS` blocks of rows) reads the weight fewer times but
-    returns, bit for bit, the log-probs, entropy and the hidden, weight and bias gradients of
-    chunk_size = one block (about DEFAULT_CHUNK_ELEMENTS logits): the rows of a chunk are
-    independent and the weight's gradient still sums block by block."""
+    returns the log-probs, entropy and the hidden, weight and bias gradients of chunk_size =
+    one block (about DEFAULT_CHUNK_ELEMENTS logits) to float rounding: the rows of a chunk are
+    independent and the weight's gradient still sums block by block. (Not always bit for bit:
+    a matrix-product kernel may round a row differently inside a larger product.)"""
     from grpo.functional.logprobs import DEFAULT_CHUNK_ELEMENTS
     from grpo.functional.output_layer import CHUNK_BLOCKS
 
@@ -179,4 +180,4 @@ def test_the_default_chunk_gives_bit_for_bit_the_results_of_one_block_per_chunk(
         (lp.sum() + 0.5 * ent.sum()).backward()
         results.append((lp, ent, hidden.grad, weight.grad, bias.grad))
     for ours, one_block in zip(*results, strict=True):
-        assert torch.equal(ours, one_block)
+        torch.testing.assert_close(ours, one_block, rtol=1e-6, atol=1e-7)

@@ -19,8 +19,7 @@ Departures from computing logits = hidden @ weight.T first:
 - Backward recomputes each chunk's logits from the saved hidden states and
   weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
   any (N, T, V) tensor: peak extra memory is a few fp32 chunks of rows x V
-  (`CHUNK_BLOCKS`). A
-  weight that does not require a gradient (a frozen, tied embedding) gets
+  (`CHUNK_ROWS`). A weight that does not require a gradient (a frozen, tied embedding) gets
   none: no (V, H) gradient is allocated or accumulated.
 - Logits are computed in fp32 (fp64 for fp64 inputs) whatever the dtype of
   hidden and weight, and with autocast turned off inside, so a caller's
@@ -39,22 +38,22 @@ from grpo.functional._checks import check_positive
 from grpo.functional.logprobs import _ENTROPY, _LOG_SOFTMAX, DEFAULT_CHUNK_ELEMENTS, _RowOp
 
 __all__ = [
-    "CHUNK_BLOCKS",
+    "CHUNK_ROWS",
     "output_layer_entropy",
     "output_layer_logprobs",
     "output_layer_logprobs_entropy",
 ]
 
-CHUNK_BLOCKS = 8
-"""A chunk of rows (when `chunk_size` is None) is this many blocks of about
-`DEFAULT_CHUNK_ELEMENTS` logits each: the weight, read once per chunk and pass, is read
-this many times fewer than with one block per chunk (over a 262k vocabulary a block is 16
-rows, and reading the weight per block made the layer bound by memory), for that many times
-the temporaries (128 MiB of fp32 logits per chunk). The weight and bias gradients still sum
-block by block. Every result equals that of `chunk_size` = one block to float rounding, not
-always bit for bit: a matrix-product kernel may round a row differently when the product holds
-more rows (on a Xeon with AMX, a 5-row tail of 85-row blocks did), and a run's numbers then
-part from the one-block runs' within a few steps."""
+CHUNK_ROWS = 128
+"""A chunk of rows (when `chunk_size` is None) is as many whole blocks of about
+`DEFAULT_CHUNK_ELEMENTS` logits as fit in this many rows, and at least one block. The weight
+is read once per chunk and pass, so over a large vocabulary, where a block is a few rows (16
+over 262,144 tokens), several blocks a chunk read it that many times fewer (one block a chunk
+made the layer bound by memory), for up to 128 MiB of fp32 logits a chunk. Where two blocks
+do not fit (a block of more than CHUNK_ROWS / 2 rows: 85 over 49,152 tokens), a chunk is one
+block. Several blocks a chunk equal one block a chunk to float rounding, not bit for bit: a
+matrix-product kernel may round a row differently when the product holds more rows, and the
+weight's gradient sums chunk by chunk."""
 
 
 class _OutputLayer(torch.autograd.Function):
@@ -62,7 +61,7 @@ class _OutputLayer(torch.autograd.Function):
     each chunk's logits are computed once and serve every op in `ops`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, ops, step, block, temperature):
+    def forward(ctx, hidden, weight, bias, index, ops, step, temperature):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
         out = torch.empty(len(ops), rows.shape[0], dtype=dtype, device=hidden.device)  # (k, R)
@@ -76,7 +75,7 @@ class _OutputLayer(torch.autograd.Function):
             for k, op in enumerate(ops):
                 out[k, part] = op.forward(z, index[part], log_norm[part])
         ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
-        ctx.ops, ctx.step, ctx.block = ops, step, block
+        ctx.ops, ctx.step = ops, step
         ctx.temperature, ctx.shape = temperature, hidden.shape
         ctx.set_materialize_grads(False)  # an output nothing depends on gets no backward work
         # copies: in-place edits of the results cannot reach the saved `out`
@@ -92,7 +91,7 @@ class _OutputLayer(torch.autograd.Function):
             if g is not None
         ]
         if not used:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         grad_rows = torch.empty_like(rows)  # (R, H)
         # a frozen weight (or bias) gets no gradient, and costs no (V, H) product per chunk
         grad_weight = None
@@ -112,15 +111,13 @@ class _OutputLayer(torch.autograd.Function):
                     grad_z = grad if grad_z is None else grad_z.add_(grad)
                 grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
                 grad_rows[part] = grad_z @ wide  # (r, H)
-                for low in range(0, grad_z.shape[0], ctx.block):  # sums block by block
-                    piece = slice(low, low + ctx.block)
-                    if grad_weight is not None:  # (V, H), in place
-                        grad_weight.addmm_(grad_z[piece].T, rows[part][piece].to(out.dtype))
-                    if grad_bias is not None:
-                        grad_bias += grad_z[piece].sum(0)
+                if grad_weight is not None:  # (V, H), in place
+                    grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))
+                if grad_bias is not None:
+                    grad_bias += grad_z.sum(0)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None, None
+        return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None
 
 
 def _no_autocast(like: Tensor) -> torch.autocast:
@@ -148,16 +145,16 @@ def _run(
     temperature = check_positive(temperature, "temperature")
     if chunk_size is not None:
         chunk_size = int(check_positive(chunk_size, "chunk_size"))
-    block = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
-    step = chunk_size or block * CHUNK_BLOCKS
+    block = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])  # rows of about that many logits
+    step = chunk_size or block * max(1, CHUNK_ROWS // block)
     if where is None:
         flat_index = index.reshape(-1).long()  # (R,)
-        return _OutputLayer.apply(hidden, weight, bias, flat_index, ops, step, block, temperature)
+        return _OutputLayer.apply(hidden, weight, bias, flat_index, ops, step, temperature)
     if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != index.shape:
         got = f"{tuple(where.shape)} {where.dtype}" if isinstance(where, Tensor) else where
         raise ValueError(f"where: got {got}; allowed: None or bool of shape {tuple(index.shape)}")
     picked = hidden[where], index[where].long()  # (R, H), (R,): the positions asked for only
-    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], ops, step, block, temperature)
+    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], ops, step, temperature)
     return tuple(o.new_zeros(where.shape).masked_scatter(where, o) for o in outs)  # (...) each
 
 
@@ -184,10 +181,10 @@ def output_layer_logprobs(
     """log softmax((hidden @ weight.T + bias) / temperature)[index]: (..., H), (V, H), (...) -> (...).
 
     Equal to `selective_log_softmax(hidden @ weight.T + bias, index, temperature=...)`
-    without the logits tensor. `chunk_size` rows per chunk (None: `CHUNK_BLOCKS` blocks of
-    about `DEFAULT_CHUNK_ELEMENTS` logits). `where` (...) bool: compute at those positions only,
-    0 elsewhere (padding and prompt positions cost nothing). Gradients flow to hidden,
-    weight and bias.
+    without the logits tensor. `chunk_size` rows per chunk (None: whole blocks of about
+    `DEFAULT_CHUNK_ELEMENTS` logits within `CHUNK_ROWS` rows). `where` (...) bool: compute
+    at those positions only, 0 elsewhere (padding and prompt positions cost nothing).
+    Gradients flow to hidden, weight and bias.
     """
     _check_index(index, hidden, weight)
     ops = (_LOG_SOFTMAX,)

@@ -113,10 +113,10 @@ class CausalLMPolicy:
             r.precision = resolve_precision("rollout.precision", r.precision, device)
         # bf16-copy's bfloat16 copy (grpo.lm.compute_copy): the scorer's, and the sampler's
         # where the transformers engine samples in it (the lean engine casts its own)
-        copy_samples = r.engine == "transformers" and (r.precision or s.precision) in COPIED
-        copied = [p for p in (s.precision, r.precision or s.precision) if p in COPIED]
-        needed = s.precision in COPIED or copy_samples
-        self.compute_copy = ComputeCopy(model, PRECISIONS[copied[0]]) if needed else None
+        sampled = r.precision or s.precision
+        copy_samples = r.engine == "transformers" and sampled in COPIED
+        cast = s.precision if s.precision in COPIED else sampled if copy_samples else None
+        self.compute_copy = None if cast is None else ComputeCopy(model, PRECISIONS[cast])
         sampler = self.compute_copy.model if copy_samples else model
         self.rollout_engine = make_rollout_engine(r, sampler, tokenizer, s.precision)
 

@@ -155,18 +155,12 @@ def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged()
     assert torch.equal(got, plain)
 
 
-def test_the_default_chunk_gives_the_results_of_one_block_per_chunk():
-    """The default chunk (`CHUNK_BLOCKS` blocks of rows) reads the weight fewer times but
-    returns the log-probs, entropy and the hidden, weight and bias gradients of chunk_size =
-    one block (about DEFAULT_CHUNK_ELEMENTS logits) to float rounding: the rows of a chunk are
-    independent and the weight's gradient still sums block by block. (Not always bit for bit:
-    a matrix-product kernel may round a row differently inside a larger product.)"""
+def _default_and_one_block(V: int, rows: int) -> tuple[list, list, int]:
+    """Log-probs, entropy and the hidden, weight and bias gradients with the default chunk and
+    with chunk_size = one block (about DEFAULT_CHUNK_ELEMENTS logits), and the block's rows."""
     from grpo.functional.logprobs import DEFAULT_CHUNK_ELEMENTS
-    from grpo.functional.output_layer import CHUNK_BLOCKS
 
-    V, H, rows = 2**17, 16, 32 * CHUNK_BLOCKS + 5  # a block is DEFAULT_CHUNK_ELEMENTS / V rows
-    block = DEFAULT_CHUNK_ELEMENTS // V
-    assert block > 1 and block * CHUNK_BLOCKS < rows  # several chunks, each of several blocks
+    H, block = 16, DEFAULT_CHUNK_ELEMENTS // V
     gen = torch.Generator().manual_seed(5)
     results = []
     for chunk_size in (None, block):
@@ -178,6 +172,32 @@ def test_the_default_chunk_gives_the_results_of_one_block_per_chunk():
             hidden, weight, index, bias=bias, temperature=0.7, chunk_size=chunk_size
         )
         (lp.sum() + 0.5 * ent.sum()).backward()
-        results.append((lp, ent, hidden.grad, weight.grad, bias.grad))
-    for ours, one_block in zip(*results, strict=True):
-        torch.testing.assert_close(ours, one_block, rtol=1e-6, atol=1e-7)
+        results.append([lp, ent, hidden.grad, weight.grad, bias.grad])
+    return results[0], results[1], block
+
+
+def test_the_default_chunk_gives_the_results_of_one_block_per_chunk():
+    """Over a large vocabulary (a block of 32 rows at V = 2**17) the default chunk holds
+    CHUNK_ROWS // 32 blocks and returns what chunk_size = one block returns to float rounding:
+    the rows of a chunk are independent. (Not always bit for bit: a matrix-product kernel may
+    round a row differently inside a larger product, and the weight's gradient sums per
+    chunk.)"""
+    from grpo.functional.output_layer import CHUNK_ROWS
+
+    rows = 2 * CHUNK_ROWS + 5  # two chunks of several blocks, and a short tail
+    ours, one_block, block = _default_and_one_block(2**17, rows)
+    assert 1 < block <= CHUNK_ROWS // 2  # several blocks a chunk
+    for got, want in zip(ours, one_block, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_block_over_half_the_chunk_rows_is_a_chunk_bit_for_bit():
+    """Where two blocks do not fit in CHUNK_ROWS rows (85 rows over SmolLM2's 49,152 tokens)
+    the default chunk is one block, so every result equals chunk_size = one block bit for
+    bit: runs recorded with one block a chunk replay exactly."""
+    from grpo.functional.output_layer import CHUNK_ROWS
+
+    ours, one_block, block = _default_and_one_block(49_152, 7 * 85 + 5)
+    assert CHUNK_ROWS // 2 < block <= CHUNK_ROWS
+    for got, want in zip(ours, one_block, strict=True):
+        assert torch.equal(got, want)

@@ -100,7 +100,7 @@ def test_a_default_step_makes_no_n_t_v_logits(tiny_lm_dir, monkeypatch, arch, en
     chunk's."""
     V = LARGE[arch]
     monkeypatch.setattr(output_layer, "DEFAULT_CHUNK_ELEMENTS", N * V)  # blocks of N rows
-    monkeypatch.setattr(output_layer, "CHUNK_BLOCKS", 1)  # one block a chunk
+    monkeypatch.setattr(output_layer, "CHUNK_ROWS", N)  # one block a chunk
     policy = _large_vocab_policy(_model_dir(tiny_lm_dir, arch), engine, V)
     trainer = _trainer(policy)
     trainer.train_step(PROMPTS)  # the first step runs the one-time checks (one row each)
@@ -112,7 +112,7 @@ def test_the_guard_sees_the_logits_path(tiny_lm_dir, monkeypatch, arch):
     """With chunked_output_layer false the same guard finds (n, T + 1, V) logits: it can fail."""
     V = LARGE[arch]
     monkeypatch.setattr(output_layer, "DEFAULT_CHUNK_ELEMENTS", N * V)
-    monkeypatch.setattr(output_layer, "CHUNK_BLOCKS", 1)
+    monkeypatch.setattr(output_layer, "CHUNK_ROWS", N)
     path = _model_dir(tiny_lm_dir, arch)
     policy = _large_vocab_policy(path, "transformers", V, chunked_output_layer=False)
     trainer = _trainer(policy)

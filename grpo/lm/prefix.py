@@ -18,7 +18,8 @@ score the token after the completion).
 It applies where it was checked to be exact, and the plain forward runs
 otherwise, its reason logged once (`sharing_blocker`):
 - model types in `SHARED_PREFIX_MODEL_TYPES` (tested: Llama, Mistral, Qwen2,
-  Qwen3, GPT-2, with or without LoRA); a PEFT model with prompt learning
+  Qwen3, GPT-2, Gemma 3 with its sliding-window and global layers, with or
+  without LoRA); a PEFT model with prompt learning
   (virtual tokens in the cache) never;
 - not in a gradient pass with gradient checkpointing, where transformers
   drops the cache inside checkpointed layers;
@@ -53,7 +54,7 @@ __all__ = [
     "sharing_blocker",
 ]
 
-SHARED_PREFIX_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+SHARED_PREFIX_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma3_text")
 
 log = logging.getLogger(__name__)
 

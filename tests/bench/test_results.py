@@ -153,6 +153,20 @@ def test_a_stale_record_is_rendered_with_a_warning_naming_the_files(monkeypatch)
     assert "**Stale:** `grpo/lm/policy.py` changed" in provenance.source(record)
 
 
+def test_only_the_latest_replay_check_is_rendered():
+    """A record replayed at several commits shows the latest check, not its history."""
+    record = {"command": "python bench/x.py", "commit": "0123456789" * 4, "dirty": [],
+              "date": "2026-01-01 00:00 UTC", "depends_on": {}, "depends_on_paths": [],
+              "machine": {"cpu": "CPU", "cores": 2, "flags": [], "gpu": None,
+                          "packages": {"torch": "2"}},
+              "verified": [{"commit": c * 40, "date": d, "seed": 0, "steps": 4, "values": 9,
+                            "against": "record"}
+                           for c, d in (("a", "2026-01-02 00:00 UTC"), ("b", "2026-01-03 00:00 UTC"))]}  # fmt: skip
+    text = provenance.source(record)
+    assert "Still current at commit bbbbbbb (2026-01-03)" in text
+    assert "aaaaaaa" not in text and text.count("Still current") == 1
+
+
 def test_an_unknown_block_is_an_error():
     """A marker naming no renderer fails instead of being left as it is."""
     with pytest.raises(KeyError, match="no-such"):

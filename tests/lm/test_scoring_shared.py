@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from tiny_models import ARCHS, load_tiny_causal_lm
+from tiny_models import ARCHS, BASE_ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 
 import grpo.lm.scoring as scoring
@@ -93,7 +93,7 @@ def _input_shapes(model):
 
 
 @pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + BASE_ARCHS)
 def test_shared_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
     """Log-probs, entropy, mask and every weight gradient equal the plain forward's (1e-5), with
     ragged left-padded prompts and shuffled groups, and each distinct prompt runs once."""
@@ -110,13 +110,19 @@ def test_shared_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
 CONFIGS = {
     "mistral_window_4": lambda **shape: MistralConfig(sliding_window=4, **shape),
     "qwen3": lambda **shape: Qwen3Config(head_dim=8, **shape),
+    # a window shorter than the prompts in every layer but the last (global) one
+    "gemma3_window_4": lambda **shape: gemma3_config(
+        **{**shape, "num_hidden_layers": 3, "head_dim": 8}, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_sliding_window_and_qwen3_models_score_the_same(name):
-    """Mistral with a window shorter than the prompts, and Qwen3 (per-head norms): the same
-    log-probs and gradients as the plain forward."""
+    """Mistral and Gemma 3 with a window shorter than the prompts (Gemma 3's last layer
+    global), and Qwen3 (per-head norms): the same log-probs and gradients as the plain
+    forward."""
     config = CONFIGS[name](
         vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2,
@@ -130,10 +136,11 @@ def test_sliding_window_and_qwen3_models_score_the_same(name):
     _assert_shared(shapes, actions)
 
 
-def test_lora_policy_and_its_reference(tiny_lm_dir):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_lora_policy_and_its_reference(tiny_lm_dir, arch):
     """With non-zero LoRA adapters, the policy's log-probs and adapter gradients and the
     adapters-disabled reference's log-probs equal the plain forward's."""
-    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
     model = apply_lora(model, LoraSettings(r=4, alpha=8))
     torch.manual_seed(0)
     with torch.no_grad():

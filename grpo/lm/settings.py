@@ -36,7 +36,7 @@ class CausalLMSettings:
     """Score the rows of a micro-batch that continue the same prompt (the G samples of a
     group) with one forward over that prompt, its KV cache shared by the rows, instead of
     one full forward per row: equal to float rounding, in log-probs and gradients. It applies
-    to Llama, Mistral, Qwen2, Qwen3 and GPT-2 models (LoRA included), not in the gradient
+    to Llama, Mistral, Qwen2, Qwen3, GPT-2 and Gemma 3 models (LoRA included), not in the gradient
     pass with gradient_checkpointing, nor with FSDP2; elsewhere the plain forward runs and
     says why once in the log ("grpo.lm.prefix")."""
     gradient_checkpointing: bool = False

@@ -46,7 +46,7 @@ TRAINING_PATH = [
     "grpo/functional", "grpo/step", "grpo/config.py", "grpo/precision.py", "grpo/records.py",
     "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py", "grpo/lm/prefix.py",
     "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py", "grpo/lm/reference.py",
-    "grpo/lm/compute_copy.py",
+    "grpo/lm/compute_copy.py", "grpo/lm/packing.py", "grpo/lm/settings.py",
     "grpo/lm/engines/base.py", "grpo/lm/engines/lean.py", "grpo/lm/engines/transformers.py",
     "grpo/lm/engines/low_precision.py", "grpo/lm/engines/mismatch.py",
     "grpo/rewards/combine.py", "grpo/run/loop.py", "grpo/run/train.py", "grpo/run/evaluation.py",

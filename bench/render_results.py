@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
 import decode_results  # noqa: E402
 import gpu_results  # noqa: E402
-import loss_precision  # noqa: E402
+import loss_phase  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
@@ -211,8 +211,10 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
             ("roofline_gemma_unfrozen", "embedding trained"),
         ),
     ),
-    "loss-precision": lambda records: _loss_precision(records, "loss_precision"),
-    "loss-precision-gemma": lambda records: _loss_precision(records, "loss_precision_gemma"),
+    "loss-precision": lambda records: _loss_phase(records, "loss_precision"),
+    "loss-precision-gemma": lambda records: _loss_phase(records, "loss_precision_gemma"),
+    "loss-packing": lambda records: _loss_phase(records, "loss_packing"),
+    "loss-packing-gemma": lambda records: _loss_phase(records, "loss_packing_gemma"),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
@@ -221,10 +223,10 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
 }
 
 
-def _loss_precision(records: dict, name: str) -> str:
-    """bench/loss_precision.py's side-by-side table, what it measured, and its source."""
+def _loss_phase(records: dict, name: str) -> str:
+    """bench/loss_phase.py's side-by-side table, what it measured, and its source."""
     results = records[name]["results"]
-    return (loss_precision.table(results) + "\n\n" + loss_precision.note(results) + "\n\n"
+    return (loss_phase.table(results) + "\n\n" + loss_phase.note(results) + "\n\n"
             + source(records[name]))  # fmt: skip
 
 

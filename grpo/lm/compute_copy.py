@@ -21,9 +21,10 @@ once per optimizer step rather than at every use, and runs the residual
 stream, norms and attention in bfloat16 rather than float32; its log-probs
 differ from autocast's by that rounding (`tests/lm/test_compute_copy.py` bounds
 it on the tiny test model). On the word-problem steps measured it gains little or
-nothing over autocast (`bench/loss_precision.py`, docs/performance.md), so it is not the
-default. Buffers (rotary frequencies) stay as they are. A LoRA model's copy is a LoRA model too: its adapters' gradients land on
-the masters' adapters the same way. Frozen parameters get no hook.
+nothing over autocast (`bench/loss_phase.py`, docs/performance.md), so it is not the
+default. Buffers (rotary frequencies) stay as they are. A LoRA model's copy is a LoRA
+model too: its adapters' gradients land on the masters' adapters the same way. Frozen
+parameters get no hook.
 
 The copy costs one more set of weights in bfloat16 (half the float32 model).
 Data-parallel training reduces the masters' gradients through hooks the copy

@@ -292,6 +292,7 @@ class CausalLMPolicy:
             chunked_output_layer=s.chunked_output_layer,
             mask_truncated_completions=s.mask_truncated_completions,
             share_prompt_prefix=s.share_prompt_prefix,
+            pack_completions=s.pack_completions,
             precision=s.precision,
         )
 

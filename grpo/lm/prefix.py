@@ -50,6 +50,7 @@ __all__ = [
     "agrees_once",
     "cache_argument",
     "group_prompts",
+    "inner_model",
     "shared_prompt_forward",
     "sharing_blocker",
 ]
@@ -84,14 +85,15 @@ def group_prompts(prompt_rows: Sequence[Sequence[int]], pad_id: int) -> SharedPr
     return SharedPrompts(ids, mask, torch.tensor(index, dtype=torch.long))
 
 
-def _inner(model: nn.Module) -> nn.Module:
+def inner_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT wrapper (the model itself otherwise)."""
     return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
 
 
 def cache_argument(model: nn.Module) -> str | None:
     """The name under which the model's forward takes a KV cache ("cache" from transformers
     5.x, "past_key_values" before), or None when it takes none."""
-    parameters = inspect.signature(_inner(model).forward).parameters
+    parameters = inspect.signature(inner_model(model).forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in parameters), None)
 
 
@@ -106,7 +108,7 @@ def sharing_blocker(model: nn.Module) -> str | None:
 
 
 def _blocker(model: nn.Module) -> str | None:
-    inner = _inner(model)
+    inner = inner_model(model)
     model_type = getattr(getattr(inner, "config", None), "model_type", None)
     if model_type not in SHARED_PREFIX_MODEL_TYPES:
         allowed = ", ".join(SHARED_PREFIX_MODEL_TYPES)
@@ -167,13 +169,19 @@ def shared_prompt_forward(
 
 
 def agrees_once(
-    model: nn.Module, shared: Tensor, plain: Callable[[Tensor], Tensor], present: Tensor
+    model: nn.Module,
+    shared: Tensor,
+    plain: Callable[[Tensor], Tensor],
+    present: Tensor,
+    checks: weakref.WeakKeyDictionary[nn.Module, str | None] | None = None,
 ) -> bool:
     """On a model's first shared micro-batch: do a few of its rows, shared (n, T, X), equal the
     plain forward `plain(rows) -> (k, T, X)` to the dtype's rounding at real tokens? If not,
-    sharing stays off for this model (logged). True afterwards once it agreed."""
-    if model in _CHECKED:
-        return _CHECKED[model] is None
+    sharing stays off for this model (logged). True afterwards once it agreed. `checks`: where
+    the outcome is kept (default: sharing's own; packing keeps its own)."""
+    checks = _CHECKED if checks is None else checks
+    if model in checks:
+        return checks[model] is None
     n = shared.shape[0]
     rows = torch.linspace(0, n - 1, min(n, _CHECK_ROWS)).round().long().unique()  # (k,) spread
     rows = rows.to(shared.device)
@@ -186,11 +194,12 @@ def agrees_once(
         gap = ((got - want).abs()[real].max() / (want[real].abs().max() + 1)).item()
     dtype = compute_dtype(shared.dtype, shared.device.type)  # bfloat16 under bf16-mixed
     tolerance = _CHECK_TOLERANCE.get(dtype, _HALF_TOLERANCE)
-    _CHECKED[model] = None
+    checks[model] = None
     if not gap <= tolerance:
-        _CHECKED[model] = (
-            f"on {type(_inner(model)).__name__} it differs from the plain forward by "
+        checks[model] = (
+            f"on {type(inner_model(model)).__name__} it differs from the plain forward by "
             f"{gap:.2e} (relative; allowed {tolerance:.0e})"
         )
-        sharing_blocker(model)  # logs the reason once
-    return _CHECKED[model] is None
+        if checks is _CHECKED:
+            sharing_blocker(model)  # logs the reason once (packing's blocker logs its own)
+    return checks[model] is None

@@ -13,7 +13,9 @@ Choices:
   distinct prompts run once with a KV cache, the completions against it; the
   same log-probs and gradients to float rounding. A micro-batch whose prompts
   all differ, and models or settings where sharing does not apply (logged
-  once), get the plain forward.
+  once), get the plain forward. With `pack_completions` the completions run
+  end to end in one row instead of right-padded to the longest
+  (`grpo.lm.packing`), where the model's attention allows it.
 - The completion mask ends at the first EOS (counted); later tokens never
   count and get log-prob 0 through `torch.where`, so no gradient reaches them.
   `mask_truncated_completions` masks whole completions that hit
@@ -54,6 +56,7 @@ from grpo.functional.logprobs import entropy_from_logits, selective_log_softmax
 from grpo.functional.output_layer import output_layer_logprobs, output_layer_logprobs_entropy
 from grpo.lm.completion import Completion
 from grpo.lm.folding import folded_output_layer
+from grpo.lm.packing import PACKING_CHECKS, packed_prompt_forward, packing_blocker
 from grpo.lm.prefix import (
     SharedPrompts,
     agrees_once,
@@ -80,6 +83,7 @@ class ScoringSettings(NamedTuple):
     chunked_output_layer: bool | str  # fold the output layer: true, false or "auto"
     mask_truncated_completions: bool
     share_prompt_prefix: bool = True  # rows with one prompt share its forward (grpo.lm.prefix)
+    pack_completions: bool = False  # and their completions run end to end (grpo.lm.packing)
     precision: str = "fp32"  # the model's forward (grpo.precision.PRECISIONS); log-probs fp32
 
 
@@ -169,10 +173,16 @@ def _keeps_logits(model: nn.Module) -> bool:
 
 
 def _scoring_states(
-    model: nn.Module, net: nn.Module, rows: _Rows, output: Callable[[Any], Tensor], keep: bool
+    model: nn.Module,
+    net: nn.Module,
+    rows: _Rows,
+    output: Callable[[Any], Tensor],
+    keep: bool,
+    pack: bool,
 ) -> Tensor:
     """`output` of `net`'s forward at the positions that score the completion tokens ->
-    (n, T, X): position t scores token t + 1. `keep`: `net` takes `logits_to_keep`."""
+    (n, T, X): position t scores token t + 1. `keep`: `net` takes `logits_to_keep`; `pack`:
+    completions sharing prompts run end to end where they can (`grpo.lm.packing`)."""
     T = rows.completion_ids.shape[1]
 
     def plain(index: Tensor | None = None) -> Tensor:
@@ -187,9 +197,13 @@ def _scoring_states(
     if rows.prompts is None:
         return plain()
     last = {"logits_to_keep": 1} if keep else {}
-    shared = shared_prompt_forward(
-        net, rows.prompts, rows.completion_ids, rows.present, output, last, cache_argument(model)
-    )  # (n, T, X)
+    shared_rows = (net, rows.prompts, rows.completion_ids, rows.present, output, last,
+                   cache_argument(model))  # fmt: skip
+    if pack and packing_blocker(model, rows.inputs["input_ids"].shape[1]) is None:
+        packed = packed_prompt_forward(*shared_rows)  # (n, T, X)
+        if agrees_once(model, packed, plain, rows.present, PACKING_CHECKS):
+            return packed
+    shared = shared_prompt_forward(*shared_rows)  # (n, T, X)
     return shared if agrees_once(model, shared, plain, rows.present) else plain()
 
 
@@ -200,7 +214,9 @@ def _score_logits(
     score a completion token where the model can keep the last few only."""
     with compute_precision(settings.precision, rows.completion_ids.device.type):
         keep = _keeps_logits(model)
-        scoring = _scoring_states(model, model, rows, lambda out: out.logits, keep)  # (n, T, V)
+        scoring = _scoring_states(
+            model, model, rows, lambda out: out.logits, keep, settings.pack_completions
+        )  # (n, T, V)
     temperature = settings.temperature
     logprobs = selective_log_softmax(scoring, rows.completion_ids, temperature=temperature)
     entropy = None
@@ -216,7 +232,9 @@ def _score_folded(
     `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor, and
     the output layer runs at real completion tokens only, not at the padding after them."""
     with compute_precision(settings.precision, rows.completion_ids.device.type):
-        scoring = _scoring_states(model, body, rows, lambda out: out.last_hidden_state, False)
+        scoring = _scoring_states(
+            model, body, rows, lambda out: out.last_hidden_state, False, settings.pack_completions
+        )  # (n, T, H)
     real = rows.present.bool()  # (n, T): the output layer skips the padding
     folded = {"bias": head.bias, "temperature": settings.temperature, "where": real}
     ids = rows.completion_ids

@@ -39,6 +39,13 @@ class CausalLMSettings:
     to Llama, Mistral, Qwen2, Qwen3, GPT-2 and Gemma 3 models (LoRA included), not in the gradient
     pass with gradient_checkpointing, nor with FSDP2; elsewhere the plain forward runs and
     says why once in the log ("grpo.lm.prefix")."""
+    pack_completions: bool = False
+    """Where prompts are shared (share_prompt_prefix), run a micro-batch's completions laid end
+    to end in one row under a block mask instead of right-padded to the longest one, so no
+    work is spent on padding: equal to float rounding, in log-probs and gradients
+    (`grpo.lm.packing`). It needs attention that takes a 4D mask (sdpa or eager) and, for a
+    model with a sliding window, rows inside the window; elsewhere the padded rows score and
+    the reason is logged once ("grpo.lm.packing")."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True

@@ -1,0 +1,181 @@
+"""Packed completions (grpo.lm.packing through grpo.lm.scoring): the plain forward's log-probs
+and gradients with the completions of a micro-batch run end to end in one row, and the padded
+shared forward wherever packing does not apply."""
+
+import logging
+import random
+
+import pytest
+import torch
+from tiny_models import ARCHS, gemma3_config, load_tiny_causal_lm
+from transformers import AutoModelForCausalLM
+
+import grpo.lm.scoring as scoring
+from grpo.lm.completion import Completion
+from grpo.lm.loading import LoraSettings, apply_lora
+from grpo.lm.packing import PACKING_CHECKS, packing_blocker
+from grpo.lm.scoring import ScoringSettings, score_completions
+
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+
+
+def _actions(vocab, eos, seed=0):
+    """Groups of 4 rows behind prompts of 1 to 9 tokens, completions of 0 to 9 tokens (one
+    with tokens after its EOS), one row with a prompt of its own; shuffled."""
+    rng = random.Random(seed)
+    words = [t for t in range(3, vocab) if t != eos]
+    out = []
+    for p, k in enumerate((4, 9, 1, 6)):
+        prompt = rng.choices(words, k=k)
+        for j in range(4):
+            ids = rng.choices(words, k=(3 * p + 5 * j) % 10)
+            if j == 2 and p % 2:
+                ids = [*ids[:2], eos, *rng.choices(words, k=3)]
+            out.append(Completion("x", ids, prompt, truncated=False, finished_by_eos=eos in ids))
+    out.append(Completion("x", rng.choices(words, k=5), rng.choices(words, k=7), False, False))
+    rng.shuffle(out)
+    return out
+
+
+def _settings(pack, share=True, folded=False, eos=1, micro_batch_size=64):
+    return ScoringSettings(
+        pad_token_id=0, eos_token_ids=(eos,), temperature=0.7,
+        micro_batch_size=micro_batch_size, compute_entropy=True, chunked_output_layer=folded,
+        mask_truncated_completions=False, share_prompt_prefix=share, pack_completions=pack,
+    )  # fmt: skip
+
+
+def _score_and_grads(model, actions, settings):
+    """Token log-probs, mask, entropy, the gradient of a weighted sum w.r.t. every weight,
+    and the shapes of the token ids every forward embedded."""
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: shapes.append(tuple(args[0].shape))
+    )
+    model.zero_grad(set_to_none=True)
+    out, _ = score_completions(model, actions, settings)
+    hook.remove()
+    weights = torch.linspace(0.5, 1.5, out.logprobs.numel()).view_as(out.logprobs)
+    ((out.logprobs * weights).sum() + 0.1 * out.entropy.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads, shapes
+
+
+def _assert_same(got, expected):
+    (out, grads, _), (want, want_grads, _) = got, expected
+    assert torch.equal(out.completion_mask, want.completion_mask)
+    torch.testing.assert_close(out.logprobs, want.logprobs, **TOLERANCE)
+    torch.testing.assert_close(out.entropy, want.entropy, **TOLERANCE)
+    assert grads.keys() == want_grads.keys() and grads
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, **GRAD_TOLERANCE, msg=name)
+
+
+def _packed_length(actions):
+    """L: every completion token that scores a later one, over all rows."""
+    return sum(max(a.num_tokens - 1, 0) for a in actions)
+
+
+def _compare(model, actions, eos, folded=False):
+    """The packed scores and gradients against the plain forward's; the shapes fed."""
+    PACKING_CHECKS.clear()
+    expected = _score_and_grads(model, actions, _settings(False, share=False, folded=folded, eos=eos))
+    got = _score_and_grads(model, actions, _settings(True, folded=folded, eos=eos))
+    _assert_same(got, expected)
+    return got[2]
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
+    """Log-probs, entropy, mask and every weight gradient equal the plain forward's (1e-5) with
+    ragged completions (empty, one token, tokens after EOS) and shuffled groups; the prompts
+    ran once and the completions as one row of L tokens, no padded (n, T - 1) block."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
+    eos = tokenizer.eos_token_id
+    actions = _actions(len(tokenizer), eos)
+    shapes = _compare(model, actions, eos, folded)
+    prompts = {a.prompt_ids for a in actions}
+    T = max(a.num_tokens for a in actions)
+    assert shapes.count((len(prompts), max(len(p) for p in prompts))) == 1
+    assert (1, _packed_length(actions)) in shapes
+    assert (len(actions), T - 1) not in shapes
+
+
+def test_eager_attention_takes_the_additive_mask(tiny_lm_dir):
+    """With eager attention (a float mask added to the scores) packing scores the same."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    model.set_attn_implementation("eager")
+    actions = _actions(len(tokenizer), tokenizer.eos_token_id)
+    shapes = _compare(model, actions, tokenizer.eos_token_id)
+    assert (1, _packed_length(actions)) in shapes
+
+
+def _gemma_with_window(window):
+    config = gemma3_config(
+        vocab_size=40, num_hidden_layers=3, sliding_window=window,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
+@pytest.mark.parametrize("window", [4, 64])
+def test_a_sliding_window_packs_only_rows_inside_it(window, folded, monkeypatch, caplog):
+    """Gemma 3 (sliding-window layers and a global one) with a window of 64, every row inside
+    it, packs; with a window of 4, shorter than the prompts, the padded shared forward runs,
+    logged once: the plain forward's scores and gradients either way."""
+    monkeypatch.setattr("grpo.lm.packing._LOGGED", set())
+    model = _gemma_with_window(window)
+    actions = _actions(40, eos=1)
+    with caplog.at_level(logging.INFO, logger="grpo.lm.packing"):
+        shapes = _compare(model, actions, eos=1, folded=folded)
+    packed = (1, _packed_length(actions)) in shapes
+    assert packed == (window == 64)
+    messages = [r.getMessage() for r in caplog.records]
+    if window == 4:
+        P = max(len(a.prompt_ids) for a in actions)
+        T = max(a.num_tokens for a in actions)
+        assert messages == [f"pack_completions: the padded rows score instead: rows of {P + T} "
+                            "tokens pass the sliding window of 4"]  # fmt: skip
+
+
+def test_lora_packs_the_same():
+    """With non-zero LoRA adapters on Gemma 3 the packed log-probs and adapter gradients are
+    the plain forward's."""
+    model = apply_lora(_gemma_with_window(64), LoraSettings(r=4, alpha=8))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    actions = _actions(40, eos=1)
+    shapes = _compare(model, actions, eos=1)
+    assert (1, _packed_length(actions)) in shapes
+
+
+def test_other_attention_is_refused_by_name(tiny_lm_dir, monkeypatch):
+    """An attention implementation the mask is not written for blocks packing, by name."""
+    monkeypatch.setattr("grpo.lm.packing._LOGGED", set())
+    model, _ = load_tiny_causal_lm(tiny_lm_dir("llama"))
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    assert packing_blocker(model, 10) == (
+        "attention 'flash_attention_2' is not one whose 4D mask it writes (sdpa, eager)"
+    )
+
+
+def test_a_failed_first_check_falls_back_to_the_padded_rows(tiny_lm_dir, monkeypatch):
+    """A packed forward that disagrees with the plain one on its first micro-batch is caught:
+    that micro-batch and every later one score with the padded shared forward."""
+    model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
+    eos = tokenizer.eos_token_id
+    actions = _actions(len(tokenizer), eos)
+    PACKING_CHECKS.clear()
+    expected = _score_and_grads(model, actions, _settings(False, share=False, eos=eos))
+    forward = scoring.packed_prompt_forward
+    monkeypatch.setattr(scoring, "packed_prompt_forward", lambda *args: forward(*args) + 0.1)
+    for _ in range(2):
+        _assert_same(_score_and_grads(model, actions, _settings(True, eos=eos)), expected)
+    assert "differs from the plain forward" in PACKING_CHECKS[model]

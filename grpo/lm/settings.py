@@ -45,7 +45,8 @@ class CausalLMSettings:
     work is spent on padding: equal to float rounding, in log-probs and gradients
     (`grpo.lm.packing`). It needs attention that takes a 4D mask (sdpa or eager) and, for a
     model with a sliding window, rows inside the window; elsewhere the padded rows score and
-    the reason is logged once ("grpo.lm.packing")."""
+    the reason is logged once ("grpo.lm.packing"). Off by default: it moves a run's numbers
+    by bfloat16 rounding, and the published runs were measured without it."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True

@@ -3,15 +3,14 @@ and gradients with the completions of a micro-batch run end to end in one row, a
 shared forward wherever packing does not apply."""
 
 import logging
-import random
 
 import pytest
 import torch
+from scoring_rows import grouped_completions
 from tiny_models import ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
 import grpo.lm.scoring as scoring
-from grpo.lm.completion import Completion
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.packing import PACKING_CHECKS, packing_blocker
 from grpo.lm.scoring import ScoringSettings, score_completions
@@ -20,22 +19,10 @@ TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 
 
-def _actions(vocab, eos, seed=0):
-    """Groups of 4 rows behind prompts of 1 to 9 tokens, completions of 0 to 9 tokens (one
-    with tokens after its EOS), one row with a prompt of its own; shuffled."""
-    rng = random.Random(seed)
-    words = [t for t in range(3, vocab) if t != eos]
-    out = []
-    for p, k in enumerate((4, 9, 1, 6)):
-        prompt = rng.choices(words, k=k)
-        for j in range(4):
-            ids = rng.choices(words, k=(3 * p + 5 * j) % 10)
-            if j == 2 and p % 2:
-                ids = [*ids[:2], eos, *rng.choices(words, k=3)]
-            out.append(Completion("x", ids, prompt, truncated=False, finished_by_eos=eos in ids))
-    out.append(Completion("x", rng.choices(words, k=5), rng.choices(words, k=7), False, False))
-    rng.shuffle(out)
-    return out
+def _actions(vocab, eos):
+    """Groups of 4 rows, completions of 0 to 9 tokens (one empty, one with tokens after its
+    EOS): `scoring_rows.grouped_completions`."""
+    return grouped_completions(vocab, eos, 4, lambda p, j: (3 * p + 5 * j) % 10)
 
 
 def _settings(pack, share=True, folded=False, eos=1, micro_batch_size=64):

@@ -2,15 +2,14 @@
 gradients as the plain forward, and the plain forward wherever sharing does not apply."""
 
 import logging
-import random
 
 import pytest
 import torch
+from scoring_rows import grouped_completions
 from tiny_models import ARCHS, BASE_ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 
 import grpo.lm.scoring as scoring
-from grpo.lm.completion import Completion
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.prefix import cache_argument, group_prompts, shared_prompt_forward
@@ -21,23 +20,10 @@ TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 
 
-def _actions(vocab, eos, group_size=3, seed=0):
-    """Groups of G rows behind prompts of 1 to 9 tokens, ragged completions (one empty, one
-    of 1 token, one with tokens after its EOS), one row with a prompt of its own; shuffled,
-    so a prompt's rows are not contiguous."""
-    rng = random.Random(seed)
-    words = [t for t in range(3, vocab) if t != eos]
-    prompts = [rng.choices(words, k=k) for k in (4, 9, 1, 6)]
-    out = []
-    for p, prompt in enumerate(prompts):
-        for j in range(group_size):
-            ids = rng.choices(words, k=(p + 2 * j) % 6)
-            if j == 1 and p % 2:
-                ids = [*ids[:2], eos, *rng.choices(words, k=2)]
-            out.append(Completion("x", ids, prompt, truncated=False, finished_by_eos=eos in ids))
-    out.append(Completion("x", rng.choices(words, k=5), rng.choices(words, k=7), False, False))
-    rng.shuffle(out)
-    return out
+def _actions(vocab, eos):
+    """Groups of 3 rows, completions of 0 to 5 tokens (one empty, one of 1 token, one with
+    tokens after its EOS): `scoring_rows.grouped_completions`."""
+    return grouped_completions(vocab, eos, 3, lambda p, j: (p + 2 * j) % 6)
 
 
 def _settings(share, folded=False, micro_batch_size=64, eos=1):

@@ -1,13 +1,20 @@
-"""Completion rows for the scoring tests: groups behind shared prompts, ragged and shuffled."""
+"""The scoring tests' rows (groups behind shared prompts, ragged and shuffled) and their
+comparison of scores and gradients against the plain forward's."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 
-from grpo.lm.completion import Completion
+import torch
 
-__all__ = ["grouped_completions"]
+from grpo.lm.completion import Completion
+from grpo.lm.scoring import score_completions
+
+__all__ = ["assert_same_scores", "grouped_completions", "input_shapes", "score_and_grads"]
+
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 
 
 def grouped_completions(
@@ -30,3 +37,34 @@ def grouped_completions(
     out.append(Completion("x", rng.choices(words, k=5), rng.choices(words, k=7), False, False))
     rng.shuffle(out)
     return out
+
+
+def score_and_grads(model, actions, settings):
+    """Token log-probs, mask, entropy and the gradient of a weighted sum w.r.t. every weight."""
+    model.zero_grad(set_to_none=True)
+    out, _ = score_completions(model, actions, settings)
+    weights = torch.linspace(0.5, 1.5, out.logprobs.numel()).view_as(out.logprobs)
+    ((out.logprobs * weights).sum() + 0.1 * out.entropy.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def assert_same_scores(got, expected):
+    """Masks equal; log-probs and entropy to 1e-5; every weight gradient to 1e-4 relative."""
+    (out, grads), (want, want_grads) = got, expected
+    assert torch.equal(out.completion_mask, want.completion_mask)
+    torch.testing.assert_close(out.logprobs, want.logprobs, **TOLERANCE)
+    torch.testing.assert_close(out.entropy, want.entropy, **TOLERANCE)
+    assert grads.keys() == want_grads.keys() and grads
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, **GRAD_TOLERANCE, msg=name)
+
+
+def input_shapes(model) -> list[tuple[int, ...]]:
+    """Shapes of the token ids every later forward of `model` (or of its body) embeds, in
+    order: the list fills as they run."""
+    shapes = []
+    model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: shapes.append(tuple(args[0].shape))
+    )
+    return shapes

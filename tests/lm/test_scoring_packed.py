@@ -6,17 +6,14 @@ import logging
 
 import pytest
 import torch
-from scoring_rows import grouped_completions
+from scoring_rows import assert_same_scores, grouped_completions, input_shapes, score_and_grads
 from tiny_models import ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
 import grpo.lm.scoring as scoring
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.packing import PACKING_CHECKS, packing_blocker
-from grpo.lm.scoring import ScoringSettings, score_completions
-
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
-GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
+from grpo.lm.scoring import ScoringSettings
 
 
 def _actions(vocab, eos):
@@ -33,32 +30,6 @@ def _settings(pack, share=True, folded=False, eos=1, micro_batch_size=64):
     )  # fmt: skip
 
 
-def _score_and_grads(model, actions, settings):
-    """Token log-probs, mask, entropy, the gradient of a weighted sum w.r.t. every weight,
-    and the shapes of the token ids every forward embedded."""
-    shapes = []
-    hook = model.get_input_embeddings().register_forward_pre_hook(
-        lambda module, args: shapes.append(tuple(args[0].shape))
-    )
-    model.zero_grad(set_to_none=True)
-    out, _ = score_completions(model, actions, settings)
-    hook.remove()
-    weights = torch.linspace(0.5, 1.5, out.logprobs.numel()).view_as(out.logprobs)
-    ((out.logprobs * weights).sum() + 0.1 * out.entropy.sum()).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out, grads, shapes
-
-
-def _assert_same(got, expected):
-    (out, grads, _), (want, want_grads, _) = got, expected
-    assert torch.equal(out.completion_mask, want.completion_mask)
-    torch.testing.assert_close(out.logprobs, want.logprobs, **TOLERANCE)
-    torch.testing.assert_close(out.entropy, want.entropy, **TOLERANCE)
-    assert grads.keys() == want_grads.keys() and grads
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(grads[name], grad, **GRAD_TOLERANCE, msg=name)
-
-
 def _packed_length(actions):
     """L: every completion token that scores a later one, over all rows."""
     return sum(max(a.num_tokens - 1, 0) for a in actions)
@@ -67,10 +38,11 @@ def _packed_length(actions):
 def _compare(model, actions, eos, folded=False):
     """The packed scores and gradients against the plain forward's; the shapes fed."""
     PACKING_CHECKS.clear()
-    expected = _score_and_grads(model, actions, _settings(False, share=False, folded=folded, eos=eos))
-    got = _score_and_grads(model, actions, _settings(True, folded=folded, eos=eos))
-    _assert_same(got, expected)
-    return got[2]
+    expected = score_and_grads(model, actions, _settings(False, share=False, folded=folded, eos=eos))
+    shapes = input_shapes(model)
+    assert_same_scores(score_and_grads(model, actions, _settings(True, folded=folded, eos=eos)),
+                       expected)  # fmt: skip
+    return shapes
 
 
 @pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
@@ -160,9 +132,9 @@ def test_a_failed_first_check_falls_back_to_the_padded_rows(tiny_lm_dir, monkeyp
     eos = tokenizer.eos_token_id
     actions = _actions(len(tokenizer), eos)
     PACKING_CHECKS.clear()
-    expected = _score_and_grads(model, actions, _settings(False, share=False, eos=eos))
+    expected = score_and_grads(model, actions, _settings(False, share=False, eos=eos))
     forward = scoring.packed_prompt_forward
     monkeypatch.setattr(scoring, "packed_prompt_forward", lambda *args: forward(*args) + 0.1)
     for _ in range(2):
-        _assert_same(_score_and_grads(model, actions, _settings(True, eos=eos)), expected)
+        assert_same_scores(score_and_grads(model, actions, _settings(True, eos=eos)), expected)
     assert "differs from the plain forward" in PACKING_CHECKS[model]

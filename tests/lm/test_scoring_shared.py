@@ -5,7 +5,13 @@ import logging
 
 import pytest
 import torch
-from scoring_rows import grouped_completions
+from scoring_rows import (
+    TOLERANCE,
+    assert_same_scores,
+    grouped_completions,
+    input_shapes,
+    score_and_grads,
+)
 from tiny_models import ARCHS, BASE_ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 
@@ -15,9 +21,6 @@ from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.prefix import cache_argument, group_prompts, shared_prompt_forward
 from grpo.lm.sampling import GenerationSettings
 from grpo.lm.scoring import ScoringSettings, score_completions
-
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
-GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
 
 
 def _actions(vocab, eos):
@@ -39,26 +42,6 @@ def _settings(share, folded=False, micro_batch_size=64, eos=1):
     )
 
 
-def _score_and_grads(model, actions, settings):
-    """Token log-probs, mask, entropy and the gradient of a weighted sum w.r.t. every weight."""
-    model.zero_grad(set_to_none=True)
-    out, _ = score_completions(model, actions, settings)
-    weights = torch.linspace(0.5, 1.5, out.logprobs.numel()).view_as(out.logprobs)
-    ((out.logprobs * weights).sum() + 0.1 * out.entropy.sum()).backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out, grads
-
-
-def _assert_same(got, expected):
-    (out, grads), (want, want_grads) = got, expected
-    assert torch.equal(out.completion_mask, want.completion_mask)
-    torch.testing.assert_close(out.logprobs, want.logprobs, **TOLERANCE)
-    torch.testing.assert_close(out.entropy, want.entropy, **TOLERANCE)
-    assert grads.keys() == want_grads.keys() and grads
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(grads[name], grad, **GRAD_TOLERANCE, msg=name)
-
-
 def _assert_shared(shapes, actions):
     """The distinct prompts ran alone, once, and no forward ran whole rows (prompt and
     completion): the scores are the shared forward's, not a fallback's."""
@@ -69,15 +52,6 @@ def _assert_shared(shapes, actions):
     assert (len(actions), P + T) not in shapes
 
 
-def _input_shapes(model):
-    """Shapes of the token ids every forward of `model` (or of its body) embeds, in order."""
-    shapes = []
-    model.get_input_embeddings().register_forward_pre_hook(
-        lambda module, args: shapes.append(tuple(args[0].shape))
-    )
-    return shapes
-
-
 @pytest.mark.parametrize("folded", [False, True], ids=["logits", "chunked_output_layer"])
 @pytest.mark.parametrize("arch", ARCHS + BASE_ARCHS)
 def test_shared_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
@@ -86,10 +60,10 @@ def test_shared_scoring_equals_the_plain_forward(tiny_lm_dir, arch, folded):
     model, tokenizer = load_tiny_causal_lm(tiny_lm_dir(arch))
     eos = tokenizer.eos_token_id
     actions = _actions(len(tokenizer), eos)
-    expected = _score_and_grads(model, actions, _settings(False, folded, eos=eos))
-    shapes = _input_shapes(model)
-    got = _score_and_grads(model, actions, _settings(True, folded, eos=eos))
-    _assert_same(got, expected)
+    expected = score_and_grads(model, actions, _settings(False, folded, eos=eos))
+    shapes = input_shapes(model)
+    got = score_and_grads(model, actions, _settings(True, folded, eos=eos))
+    assert_same_scores(got, expected)
     _assert_shared(shapes, actions)
 
 
@@ -116,9 +90,9 @@ def test_sliding_window_and_qwen3_models_score_the_same(name):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     actions = _actions(40, eos=1)
-    expected = _score_and_grads(model, actions, _settings(False))
-    shapes = _input_shapes(model)
-    _assert_same(_score_and_grads(model, actions, _settings(True)), expected)
+    expected = score_and_grads(model, actions, _settings(False))
+    shapes = input_shapes(model)
+    assert_same_scores(score_and_grads(model, actions, _settings(True)), expected)
     _assert_shared(shapes, actions)
 
 
@@ -142,15 +116,15 @@ def test_lora_policy_and_its_reference(tiny_lm_dir, arch):
     }
     actions = _actions(len(tokenizer), tokenizer.eos_token_id)
     settings = {share: policy.scoring_settings() for share, policy in policies.items()}
-    expected = _score_and_grads(model, actions, settings[False])
-    shapes = _input_shapes(model)
-    _assert_same(_score_and_grads(model, actions, settings[True]), expected)
+    expected = score_and_grads(model, actions, settings[False])
+    shapes = input_shapes(model)
+    assert_same_scores(score_and_grads(model, actions, settings[True]), expected)
     _assert_shared(shapes, actions)
     states = [None] * len(actions)
     with torch.no_grad():
         references = {s: p.make_reference() for s, p in policies.items()}
         want = references[False].get_token_log_probabilities(states, actions).logprobs
-        shapes = _input_shapes(model)
+        shapes = input_shapes(model)
         got = references[True].get_token_log_probabilities(states, actions).logprobs
         _assert_shared(shapes, actions)
         policy_logprobs = policies[True].get_token_log_probabilities(states, actions).logprobs
@@ -165,9 +139,9 @@ def test_distinct_prompts_and_mixed_micro_batches(tiny_lm_dir):
     eos = tokenizer.eos_token_id
     actions = _actions(len(tokenizer), eos)
     mixed = _settings(True, micro_batch_size=4, eos=eos)
-    _assert_same(
-        _score_and_grads(model, actions, mixed),
-        _score_and_grads(model, actions, _settings(False, eos=eos)),
+    assert_same_scores(
+        score_and_grads(model, actions, mixed),
+        score_and_grads(model, actions, _settings(False, eos=eos)),
     )
     distinct = list({a.prompt_ids: a for a in actions}.values())  # one row per prompt
     rows = scoring._rows(model, distinct, _settings(False, eos=eos), share=False)
@@ -185,7 +159,7 @@ def test_distinct_prompts_and_mixed_micro_batches(tiny_lm_dir):
 
 def _count_shared(model, actions, settings, grad=True):
     """Scores, and how many forwards ran the distinct prompts alone (the shared prompt pass)."""
-    shapes = _input_shapes(model)
+    shapes = input_shapes(model)
     with torch.set_grad_enabled(grad):
         out, _ = score_completions(model, actions, settings)
     prompts = {a.prompt_ids for a in actions}

@@ -9,9 +9,15 @@ from collections.abc import Callable
 import torch
 
 from grpo.lm.completion import Completion
-from grpo.lm.scoring import score_completions
+from grpo.lm.scoring import ScoringSettings, score_completions
 
-__all__ = ["assert_same_scores", "grouped_completions", "input_shapes", "score_and_grads"]
+__all__ = [
+    "assert_same_scores",
+    "grouped_completions",
+    "input_shapes",
+    "score_and_grads",
+    "scoring_settings",
+]
 
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 GRAD_TOLERANCE = {"atol": 1e-5, "rtol": 1e-4}
@@ -68,3 +74,12 @@ def input_shapes(model) -> list[tuple[int, ...]]:
         lambda module, args: shapes.append(tuple(args[0].shape))
     )
     return shapes
+
+
+def scoring_settings(share, folded=False, micro_batch_size=64, eos=1, pack=False):
+    """The tests' scoring settings: pad id 0, temperature 0.7, entropy on, nothing masked."""
+    return ScoringSettings(
+        pad_token_id=0, eos_token_ids=(eos,), temperature=0.7,
+        micro_batch_size=micro_batch_size, compute_entropy=True, chunked_output_layer=folded,
+        mask_truncated_completions=False, share_prompt_prefix=share, pack_completions=pack,
+    )  # fmt: skip

@@ -6,14 +6,19 @@ import logging
 
 import pytest
 import torch
-from scoring_rows import assert_same_scores, grouped_completions, input_shapes, score_and_grads
+from scoring_rows import (
+    assert_same_scores,
+    grouped_completions,
+    input_shapes,
+    score_and_grads,
+    scoring_settings,
+)
 from tiny_models import ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM
 
 import grpo.lm.scoring as scoring
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.packing import PACKING_CHECKS, packing_blocker
-from grpo.lm.scoring import ScoringSettings
 
 
 def _actions(vocab, eos):
@@ -22,12 +27,8 @@ def _actions(vocab, eos):
     return grouped_completions(vocab, eos, 4, lambda p, j: (3 * p + 5 * j) % 10)
 
 
-def _settings(pack, share=True, folded=False, eos=1, micro_batch_size=64):
-    return ScoringSettings(
-        pad_token_id=0, eos_token_ids=(eos,), temperature=0.7,
-        micro_batch_size=micro_batch_size, compute_entropy=True, chunked_output_layer=folded,
-        mask_truncated_completions=False, share_prompt_prefix=share, pack_completions=pack,
-    )  # fmt: skip
+def _settings(pack, share=True, **rest):
+    return scoring_settings(share, pack=pack, **rest)
 
 
 def _packed_length(actions):

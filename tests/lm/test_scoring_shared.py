@@ -11,6 +11,7 @@ from scoring_rows import (
     grouped_completions,
     input_shapes,
     score_and_grads,
+    scoring_settings,
 )
 from tiny_models import ARCHS, BASE_ARCHS, gemma3_config, load_tiny_causal_lm
 from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
@@ -20,7 +21,7 @@ from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.prefix import cache_argument, group_prompts, shared_prompt_forward
 from grpo.lm.sampling import GenerationSettings
-from grpo.lm.scoring import ScoringSettings, score_completions
+from grpo.lm.scoring import score_completions
 
 
 def _actions(vocab, eos):
@@ -29,17 +30,7 @@ def _actions(vocab, eos):
     return grouped_completions(vocab, eos, 3, lambda p, j: (p + 2 * j) % 6)
 
 
-def _settings(share, folded=False, micro_batch_size=64, eos=1):
-    return ScoringSettings(
-        pad_token_id=0,
-        eos_token_ids=(eos,),
-        temperature=0.7,
-        micro_batch_size=micro_batch_size,
-        compute_entropy=True,
-        chunked_output_layer=folded,
-        mask_truncated_completions=False,
-        share_prompt_prefix=share,
-    )
+_settings = scoring_settings
 
 
 def _assert_shared(shapes, actions):

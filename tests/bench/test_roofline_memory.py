@@ -3,11 +3,13 @@ before it or after it, and the step timer's phases are watched only while asked.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -21,9 +23,18 @@ pytestmark = pytest.mark.skipif(not roofline_memory.reset_peak(),
                                 reason="the kernel does not let this process reset its peak RSS")  # fmt: skip
 
 
-def touched(mib: int) -> torch.Tensor:
-    """A float32 tensor of `mib` MiB whose pages are all written (so resident)."""
-    return torch.ones(mib * MIB // 4)
+@contextlib.contextmanager
+def touched(mib: int) -> Iterator[None]:
+    """`mib` MiB of anonymous memory mapped, every page written (so resident), and unmapped
+    on leaving. Mapped directly: a freed tensor may stay in malloc's heap, resident, and a new
+    one may reuse pages already resident, so neither would move the process's RSS for sure."""
+    pages = mmap.mmap(-1, mib * MIB)
+    try:
+        for offset in range(0, mib * MIB, mmap.PAGESIZE):
+            pages[offset] = 1
+        yield
+    finally:
+        pages.close()
 
 
 def test_a_buffer_freed_inside_a_phase_shows_in_its_peak_and_not_the_next():
@@ -31,9 +42,8 @@ def test_a_buffer_freed_inside_a_phase_shows_in_its_peak_and_not_the_next():
     "optimizer" phase that follows (its mark restarts at the boundary); the timer still times."""
     memory, timer = roofline_memory.PhasePeaks(), StepTimer()
     with memory.watching(StepTimer):
-        with timer.phase("sampling"):
-            buffer = touched(64)
-            del buffer
+        with timer.phase("sampling"), touched(64):
+            pass
         with timer.phase("optimizer"):
             pass
     assert memory.peak("sampling") - memory.peak("optimizer") >= 48 * MIB
@@ -49,9 +59,8 @@ def test_a_phase_entered_twice_keeps_its_larger_peak_and_an_outer_phase_covers_a
     with memory.entered("outer"):
         with memory.entered("loss"):
             pass
-        with memory.entered("loss"):
-            buffer = touched(64)
-            del buffer
+        with memory.entered("loss"), touched(64):
+            pass
     after = roofline_memory.status_bytes("VmRSS")
     assert memory.peak("outer") >= memory.peak("loss") >= after + 48 * MIB
     memory.clear()

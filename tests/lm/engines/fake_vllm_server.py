@@ -46,9 +46,9 @@ class FakeServer:
         self.calls: Counter[str] = Counter()  # path (or rpc method) -> calls
         self.reloads: list[tuple[str, str]] = []
         """(version label, SHA-256 of its model.safetensors) of every reload that took."""
-        self.finish: dict[int, tuple[str, int]] = {}
-        """Completion number -> (finish_reason, tokens kept): answers to tamper with."""
-        self.completions = 0
+        self.finish: dict[tuple[int, ...], tuple[str, int]] = {}
+        """Prompt tokens -> (finish_reason, tokens kept): answers to tamper with. Keyed by the
+        prompt, not by arrival: a call left running by an abandoned rollout may arrive late."""
 
     def get(self, path: str, what: str, params: dict[str, str] | None = None) -> Any:
         self.calls[path] += 1
@@ -110,9 +110,8 @@ class FakeServer:
             if token in body["stop_token_ids"]:
                 reason = "stop"
                 break
-        self.completions += 1
-        if self.completions in self.finish:
-            reason, kept = self.finish[self.completions]
+        if tuple(body["prompt"]) in self.finish:
+            reason, kept = self.finish[tuple(body["prompt"])]
             new, logprobs = new[:kept], logprobs[:kept]
         choice = {"token_ids": new, "logprobs": {"token_logprobs": logprobs}}
         return {"choices": [{**choice, "finish_reason": reason}]}

@@ -130,7 +130,7 @@ def test_an_aborted_or_cut_answer_is_an_error_naming_the_server_and_row(server):
             ("abort", 1, "finish_reason 'abort' after 1 tokens"),
             ("length", 2, "finish_reason 'length' after 2 tokens, not max_tokens 4"),
         ]:
-            server.completions, server.finish = 0, {2: (reason, kept)}
+            server.finish = {tuple(rows[1]): (reason, kept)}
             with pytest.raises(ServerError) as caught:
                 engine.sample(rows, settings, eos, seed=0)
             text = str(caught.value)

@@ -187,14 +187,10 @@ def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[
     print()
     print(note(results))
     if args.record:
-        from records import RESULTS, TRAINING_PATH, write_record
+        from records import RESULTS, write_config_record
 
-        config = Path(args.config).resolve()
-        inside = [config.relative_to(REPO).as_posix()] if config.is_relative_to(REPO) else []
-        depends = [*TRAINING_PATH, "grpo/tasks", *inside, "bench/loss_phase.py"]
-        shown = None if argv is None else ["bench/loss_phase.py", *argv]
-        path = write_record(args.record, results, depends, shown, folder or RESULTS)
-        print(f"wrote {path}")
+        scripts = ["bench/loss_phase.py"]
+        write_config_record(args.record, results, args.config, scripts, argv, folder or RESULTS)
     return results
 
 

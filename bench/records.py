@@ -60,6 +60,7 @@ __all__ = [
     "load_records",
     "machine",
     "stale",
+    "write_config_record",
     "write_record",
 ]
 
@@ -201,6 +202,20 @@ def write_record(name: str, results: dict, depends_on: list[str], argv: list[str
     path = folder / f"{name}.json"
     path.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
     return path
+
+
+def write_config_record(name: str, results: dict, config: str, scripts: list[str],
+                        argv: list[str] | None, folder: Path = RESULTS) -> Path:  # fmt: skip
+    """`write_record` for a benchmark that runs `config` through the training path: the
+    record depends on that path, the tasks, the config file where it lies in the repository,
+    and the benchmark's own `scripts`, the first of which is the command shown."""
+    path = Path(config).resolve()
+    inside = [path.relative_to(REPO).as_posix()] if path.is_relative_to(REPO) else []
+    depends = [*TRAINING_PATH, "grpo/tasks", *inside, *scripts]
+    shown = None if argv is None else [scripts[0], *argv]
+    written = write_record(name, results, depends, shown, folder)
+    print(f"wrote {written}")
+    return written
 
 
 def load_records(folder: Path = RESULTS) -> dict[str, dict]:

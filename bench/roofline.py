@@ -285,16 +285,11 @@ def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[
     results = measure(args)
     print(table(results))
     if args.record:
-        from records import RESULTS, TRAINING_PATH, write_record
+        from records import RESULTS, write_config_record
 
-        config = Path(args.config).resolve()
-        inside = [config.relative_to(REPO).as_posix()] if config.is_relative_to(REPO) else []
-        depends = [*TRAINING_PATH, "grpo/tasks", *inside, "bench/roofline.py",
-                   "bench/roofline_calls.py", "bench/roofline_counts.py",
+        scripts = ["bench/roofline.py", "bench/roofline_calls.py", "bench/roofline_counts.py",
                    "bench/roofline_memory.py", "bench/roofline_peaks.py"]  # fmt: skip
-        shown = None if argv is None else ["bench/roofline.py", *argv]
-        path = write_record(args.record, results, depends, shown, folder or RESULTS)
-        print(f"wrote {path}")
+        write_config_record(args.record, results, args.config, scripts, argv, folder or RESULTS)
     return results
 
 

@@ -24,7 +24,9 @@ def test_the_demo_batch_under_bf16_mixed_and_bf16_copy_side_by_side(tmp_path, mo
     results = loss_phase.main(argv, folder=tmp_path)
     record = json.loads((tmp_path / "loss_precision_test.json").read_text())
     assert record["results"] == json.loads(json.dumps(results))
-    assert "grpo/lm/compute_copy.py" in record["depends_on_paths"]
+    assert record["command"].startswith("python bench/loss_phase.py configs/demo.yaml")
+    assert {"grpo/lm/compute_copy.py", "grpo/tasks", "configs/demo.yaml",
+            "bench/loss_phase.py"} <= set(record["depends_on_paths"])  # fmt: skip
     mixed, copied = results["runs"]
     assert results["field"] == "precision"
     assert (mixed["value"], copied["value"]) == ("bf16-mixed", "bf16-copy")

@@ -22,9 +22,9 @@ from grpo.lm.prompt_forms import PLAIN_STOP, plain_text  # noqa: E402
 MAX_NEW = 32
 GEMMA3_TRL = {  # TRL's GRPOConfig field -> its value for configs/gemma3_math.yaml
     "num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
-    "steps_per_generation": 4, "num_iterations": 1, "max_steps": 64, "learning_rate": 2e-6,
-    "lr_scheduler_type": "constant", "beta": 0.0, "max_completion_length": 128,
-    "temperature": 0.7, "top_p": 1.0, "top_k": 0, "loss_type": "dapo", "scale_rewards": "batch",
+    "steps_per_generation": 4, "num_iterations": 1, "max_steps": 64, "learning_rate": 4e-6,
+    "lr_scheduler_type": "constant", "beta": 0.0, "max_completion_length": 64,
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "loss_type": "dapo", "scale_rewards": "batch",
     "gradient_checkpointing": False,
 }  # fmt: skip
 SHORT = [plain_text([{"role": "user", "content": q}]) for q in ("say a b", "count the red")]
@@ -48,7 +48,7 @@ def cut_after_stop(ids: list[int], tokenizer) -> int | None:
 
 def test_trl_gets_the_gemma3_configs_settings(answering_gemma3, tmp_path):
     """configs/gemma3_math.yaml maps to TRL's G 8 over B 4 (32 rows in 4 micro-batches of 8, one
-    optimizer step per generation), 64 steps at 2e-6, beta 0, 128 new tokens at temperature 0.7
+    optimizer step per generation), 64 steps at 4e-6, beta 0, 64 new tokens at temperature 1.0
     with no top-p / top-k, the token-mean loss ("dapo"), batch-scaled rewards, no checkpointing.
     Only model.path is changed (to the tiny model), so no fetched model is read."""
     overrides = ["config=configs/gemma3_math.yaml", f"model.path={answering_gemma3}"]
@@ -107,9 +107,11 @@ def test_trl_generation_stops_at_the_plain_stop_and_is_cut_as_grpo_cuts(answerin
     """TRL's `generate` ends each row at the first token whose text holds "\\nQuestion:" (only
     pads after it: the taught model would write an EOS next) and the completion is the row cut
     there (no pad kept), its text a taught reply and the stop, as grpo's samples are."""
-    # grpo samples the tiny model with transformers: its window is narrower than a word problem
+    # grpo samples the tiny model with transformers: its window is narrower than a word problem;
+    # at 0.5 the taught model writes only its taught replies (at the config's 1.0 not always)
     config, parts = gemma3_parts(answering_gemma3, tmp_path, "rollout.engine=transformers",
-                                 f"policy.generation.max_new_tokens={MAX_NEW}")  # fmt: skip
+                                 f"policy.generation.max_new_tokens={MAX_NEW}",
+                                 "policy.generation.temperature=0.5")  # fmt: skip
     trainer = accuracy_workers.trl_trainer(config, parts, 0, tmp_path)
     tokenizer, generated, generate = trainer.processing_class, [], trainer.model.generate
 

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

@@ -66,7 +66,7 @@ from grpo.lm.prefix import (
     sharing_blocker,
 )
 from grpo.lm.sampling import left_pad
-from grpo.precision import compute_precision
+from grpo.precision import compute_dtype, compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["ScoringSettings", "score_completions"]
@@ -230,13 +230,18 @@ def _score_folded(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states of `body` and the output layer
     `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor, and
-    the output layer runs at real completion tokens only, not at the padding after them."""
-    with compute_precision(settings.precision, rows.completion_ids.device.type):
+    the output layer runs at real completion tokens only, not at the padding after them. Its
+    matrix products run in the precision's dtype (bfloat16 under bf16-mixed and bf16-copy),
+    its softmax in float32."""
+    device = rows.completion_ids.device.type
+    with compute_precision(settings.precision, device):
         scoring = _scoring_states(
             model, body, rows, lambda out: out.last_hidden_state, False, settings.pack_completions
         )  # (n, T, H)
+        product = compute_dtype(head.weight.dtype, device)  # (autocast's, else the weight's)
     real = rows.present.bool()  # (n, T): the output layer skips the padding
-    folded = {"bias": head.bias, "temperature": settings.temperature, "where": real}
+    folded = {"bias": head.bias, "temperature": settings.temperature, "where": real,
+              "product_dtype": product}  # fmt: skip
     ids = rows.completion_ids
     if settings.compute_entropy:
         return output_layer_logprobs_entropy(scoring, head.weight, ids, **folded)  # (n, T) each

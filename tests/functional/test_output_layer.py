@@ -127,6 +127,56 @@ def test_bf16_inputs_are_scored_in_fp32():
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
 
 
+def _bf16_matmul_reference(hidden, weight, bias, index, temperature):
+    """log_softmax of logits from bfloat16 matrix products, widened to fp32: what autocast's
+    bf16-mixed gives a model's own output layer (N, T, H), (V, H) -> (N, T)."""
+    logits = (hidden.bfloat16() @ weight.bfloat16().T).float() + bias  # (N, T, V)
+    return (logits / temperature).log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+
+
+def test_bfloat16_products_equal_the_plain_computation_with_bfloat16_matmuls():
+    """product_dtype=bfloat16 over one chunk: log-probs and d/d(hidden, weight, bias) equal
+    those of logits = (hidden.bf16 @ weight.bf16^T).float() + bias by autograd, to fp32
+    rounding; and they differ from the fp32 products' (the products really ran in bf16)."""
+    hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=7)
+    upstream = torch.randn(3, 5)
+    fold = {"bias": bias, "temperature": 0.7}
+    ours = output_layer_logprobs(hidden, weight, index, product_dtype=torch.bfloat16, **fold)
+    got = torch.autograd.grad((ours * upstream).sum(), (hidden, weight, bias))
+    plain = _bf16_matmul_reference(hidden, weight, bias, index, 0.7)
+    want = torch.autograd.grad((plain * upstream).sum(), (hidden, weight, bias))
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    fp32 = output_layer_logprobs(hidden, weight, index, **fold)
+    assert (ours - fp32).abs().max() > 1e-4
+
+
+def test_bfloat16_products_over_chunks_stay_within_bfloat16_rounding_of_fp64():
+    """Several chunks (the weight's gradient summed chunk by chunk in fp32): log-probs, entropy
+    and gradients within bf16 rounding of the fp64 computation, for a trained and a frozen
+    bf16 weight (a bf16-copy model's), which is multiplied as it is."""
+    hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=8)
+    truth = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    upstream = torch.randn(3, 5)
+    lp, ent = output_layer_logprobs_entropy(*truth[:2], index, bias=truth[2])
+    want = torch.autograd.grad((lp * upstream + ent).sum(), truth)
+    for frozen in (False, True):
+        w = weight.detach().bfloat16().requires_grad_(not frozen)
+        ours = output_layer_logprobs_entropy(
+            hidden, w, index, bias=bias, chunk_size=4, product_dtype=torch.bfloat16
+        )
+        torch.testing.assert_close(ours[0].double(), lp, rtol=0, atol=0.1)
+        torch.testing.assert_close(ours[1].double(), ent, rtol=0, atol=0.1)
+        inputs = (hidden, bias) if frozen else (hidden, w, bias)
+        got = torch.autograd.grad((ours[0] * upstream + ours[1]).sum(), inputs)
+        expected = (want[0], want[2]) if frozen else want
+        for g, e in zip(got, expected, strict=True):
+            gap = (g.double() - e).norm() / e.norm()
+            assert gap < 2e-2, gap
+
+
 def test_bad_shapes_name_the_argument():
     """A weight of the wrong width and an out-of-range id are rejected by name."""
     hidden, weight, _, index = _inputs(bias=False)
@@ -134,6 +184,8 @@ def test_bad_shapes_name_the_argument():
         output_layer_logprobs(hidden, weight[:, :4], index)
     with pytest.raises(ValueError, match="index"):
         output_layer_logprobs(hidden, weight, index + 11)
+    with pytest.raises(ValueError, match="product_dtype"):
+        output_layer_logprobs(hidden, weight, index, product_dtype=torch.long)
 
 
 def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged():

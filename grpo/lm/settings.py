@@ -48,7 +48,8 @@ class CausalLMSettings:
     (`grpo.lm.packing`). It needs attention that takes a 4D mask (sdpa or eager) and, for a
     model with a sliding window, rows inside the window; elsewhere the padded rows score and
     the reason is logged once ("grpo.lm.packing"). Off by default: it moves a run's numbers
-    by bfloat16 rounding, and the published runs were measured without it."""
+    by bfloat16 rounding, and short completions (the demo's, chess moves) leave little padding
+    to save; the real-model configs turn it on (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True

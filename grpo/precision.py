@@ -207,7 +207,8 @@ def compute_precision(precision: str, device_type: str) -> contextlib.AbstractCo
 
 def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The dtype matrix products of `dtype` tensors run in here: autocast's dtype while
-    autocast is on for `device_type`, else `dtype` (for tolerances set by rounding)."""
+    autocast is on for `device_type`, else `dtype`. The folded output layer multiplies in
+    it (`grpo.lm.scoring`); tolerances set by rounding read it too."""
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return dtype

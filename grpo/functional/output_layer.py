@@ -19,19 +19,23 @@ Departures from computing logits = hidden @ weight.T first:
 - Backward recomputes each chunk's logits from the saved hidden states and
   weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
   any (N, T, V) tensor: peak extra memory is a few fp32 chunks of rows x V
-  (`CHUNK_ROWS`). A weight that does not require a gradient (a frozen, tied embedding) gets
-  none: no (V, H) gradient is allocated or accumulated.
+  (`CHUNK_ROWS`); with a lower `product_dtype` also the weight's cast, made
+  in forward and again in backward (not kept in between), and for a weight
+  that trains one (V, H) product a chunk in that dtype before it is summed
+  into the fp32 gradient. A weight that does not require a gradient (a
+  frozen, tied embedding) gets none: no (V, H) gradient is allocated or
+  accumulated.
 - The softmax and everything after it are computed in fp32 (fp64 for fp64
   inputs) whatever the dtype of hidden and weight; gradients are returned in
-  the inputs' dtypes. The two matrix products per chunk (logits, and the
-  gradients of hidden and weight) run in `product_dtype`: by default that same
+  the inputs' dtypes. The matrix products of each chunk (the logits; in
+  backward the logits again and the gradients of hidden and weight) run in
+  `product_dtype`: by default that same
   fp32 (a caller's autocast is turned off inside, so it does not lower them);
   `product_dtype=torch.bfloat16` multiplies bfloat16 rows by a bfloat16 weight
   as autocast's bf16-mixed would, at the bfloat16 matrix rate, and widens each
   chunk's logits to fp32 before the softmax, as a bf16-mixed model's own logits
   are widened before `selective_log_softmax`. A weight of another dtype is cast
-  once per call, not once per chunk; the cast is kept for backward when it is
-  no larger than the weight, and made again there otherwise.
+  once per pass, not once per chunk.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class _OutputLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, index, ops, step, temperature, product_dtype):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
-        product = product_dtype or dtype  # the matrix products' dtype
+        product = dtype if product_dtype is None else product_dtype  # the products' dtype
         rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
         out = torch.empty(len(ops), rows.shape[0], dtype=dtype, device=hidden.device)  # (k, R)
         log_norm = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
@@ -81,8 +85,8 @@ class _OutputLayer(torch.autograd.Function):
             log_norm[part] = torch.logsumexp(z, dim=-1)
             for k, op in enumerate(ops):
                 out[k, part] = op.forward(z, index[part], log_norm[part])
-        keep = cast.element_size() <= weight.element_size()  # else cast again in backward
-        ctx.save_for_backward(rows, weight, cast if keep else None, bias, index, log_norm, out)
+        # the cast is not kept for backward (one (V, H) copy per pending micro-batch): cast again
+        ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
         ctx.ops, ctx.step, ctx.product = ops, step, product
         ctx.temperature, ctx.shape = temperature, hidden.shape
         ctx.set_materialize_grads(False)  # an output nothing depends on gets no backward work
@@ -92,7 +96,7 @@ class _OutputLayer(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, *grad_outs):
-        rows, weight, cast, bias, index, log_norm, out = ctx.saved_tensors
+        rows, weight, bias, index, log_norm, out = ctx.saved_tensors
         used = [
             (op, out[k], g.reshape(-1).to(out.dtype))  # (R,) each
             for k, (op, g) in enumerate(zip(ctx.ops, grad_outs, strict=True))
@@ -109,7 +113,7 @@ class _OutputLayer(torch.autograd.Function):
         if bias is not None and ctx.needs_input_grad[2]:
             grad_bias = torch.zeros(bias.shape, dtype=out.dtype, device=bias.device)  # (V,)
         product = ctx.product
-        cast = weight.to(product) if cast is None else cast  # (V, H), as in forward
+        cast = weight.to(product)  # (V, H), as in forward (none in its own dtype)
         for start in range(0, rows.shape[0], ctx.step):
             part = slice(start, start + ctx.step)
             with _no_autocast(rows):
@@ -123,10 +127,11 @@ class _OutputLayer(torch.autograd.Function):
                     grad_bias += grad_z.sum(0)
                 grad_z = grad_z.to(product)  # (r, V): no copy when product is out's dtype
                 grad_rows[part] = grad_z @ cast  # (r, H)
-                if grad_weight is not None and product == out.dtype:  # (V, H), in place
-                    grad_weight.addmm_(grad_z.T, rows[part].to(product))
-                elif grad_weight is not None:  # a product in the lower dtype, summed in out's
-                    grad_weight += grad_z.T @ rows[part].to(product)
+                if grad_weight is not None:  # (V, H)
+                    if product == out.dtype:  # in place
+                        grad_weight.addmm_(grad_z.T, rows[part].to(product))
+                    else:  # a (V, H) product in the lower dtype, summed in out's dtype
+                        grad_weight += grad_z.T @ rows[part].to(product)
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None, None
@@ -137,7 +142,9 @@ def _no_autocast(like: Tensor) -> torch.autocast:
     return torch.autocast(like.device.type, enabled=False)
 
 
-def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, product, dtype, temperature):
+def _logits(
+    rows: Tensor, weight: Tensor, bias: Tensor | None, product, dtype, temperature
+) -> Tensor:
     """(r, H) rows, (V, H) weight already in `product` -> (r, V) logits / temperature in `dtype`."""
     z = (rows.to(product) @ weight.T).to(dtype)  # (r, V): no copy when product is dtype
     if bias is not None:
@@ -164,7 +171,9 @@ def _run(
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias: got {tuple(bias.shape)}; allowed: None or ({weight.shape[0]},)")
     temperature = check_positive(temperature, "temperature")
-    if product_dtype is not None and not product_dtype.is_floating_point:
+    if product_dtype is not None and not (
+        isinstance(product_dtype, torch.dtype) and product_dtype.is_floating_point
+    ):
         raise ValueError(f"product_dtype: got {product_dtype}; allowed: None or a float dtype")
     if chunk_size is not None:
         chunk_size = int(check_positive(chunk_size, "chunk_size"))
@@ -172,14 +181,16 @@ def _run(
     step = chunk_size or block * max(1, CHUNK_ROWS // block)
     if where is None:
         flat_index = index.reshape(-1).long()  # (R,)
-        args = (ops, step, temperature, product_dtype)
-        return _OutputLayer.apply(hidden, weight, bias, flat_index, *args)
+        return _OutputLayer.apply(
+            hidden, weight, bias, flat_index, ops, step, temperature, product_dtype
+        )
     if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != index.shape:
         got = f"{tuple(where.shape)} {where.dtype}" if isinstance(where, Tensor) else where
         raise ValueError(f"where: got {got}; allowed: None or bool of shape {tuple(index.shape)}")
     picked = hidden[where], index[where].long()  # (R, H), (R,): the positions asked for only
-    args = (ops, step, temperature, product_dtype)
-    outs = _OutputLayer.apply(picked[0], weight, bias, picked[1], *args)
+    outs = _OutputLayer.apply(
+        picked[0], weight, bias, picked[1], ops, step, temperature, product_dtype
+    )
     return tuple(o.new_zeros(where.shape).masked_scatter(where, o) for o in outs)  # (...) each
 
 
@@ -215,8 +226,9 @@ def output_layer_logprobs(
     """
     _check_index(index, hidden, weight)
     ops = (_LOG_SOFTMAX,)
-    args = (bias, temperature, chunk_size, where, product_dtype)
-    (logprobs,) = _run(ops, hidden, weight, index, *args)
+    (logprobs,) = _run(
+        ops, hidden, weight, index, bias, temperature, chunk_size, where, product_dtype
+    )
     return logprobs
 
 
@@ -231,8 +243,9 @@ def output_layer_entropy(
 ) -> Tensor:
     """Entropy of softmax((hidden @ weight.T + bias) / temperature): (..., H), (V, H) -> (...)."""
     index = torch.zeros(hidden.shape[:-1], dtype=torch.long, device=hidden.device)  # unused
-    args = (bias, temperature, chunk_size, None, product_dtype)
-    (entropy,) = _run((_ENTROPY,), hidden, weight, index, *args)
+    (entropy,) = _run(
+        (_ENTROPY,), hidden, weight, index, bias, temperature, chunk_size, None, product_dtype
+    )
     return entropy
 
 

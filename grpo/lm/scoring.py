@@ -23,8 +23,10 @@ Choices:
 - With `precision` bf16-mixed the model's forward runs under bfloat16
   autocast (`grpo.precision`): its logits come out in bfloat16, and the
   log-softmax, entropy and everything after run in float32. With
-  `chunked_output_layer` only the body runs under autocast; the folded output
-  layer computes its logits in float32 from the body's float32 hidden states.
+  `chunked_output_layer` the body runs under autocast and the folded output
+  layer multiplies in the same dtype (`grpo.precision.compute_dtype`: bfloat16
+  under bf16-mixed, the weight's own otherwise, bfloat16 for bf16-copy's copy),
+  its softmax in float32.
 - Only the last T + 1 logits are computed (`logits_to_keep`) where the model
   supports it, and rows go through in micro-batches, to bound memory.
 - When the output layer is folded (`chunked_output_layer`; by default for

@@ -31,9 +31,9 @@ class CausalLMSettings:
     when the model cannot be folded); false: never; auto: when the vocabulary has at least
     32768 tokens and the model can be folded (else the logits, the reason logged once). Folding
     needs a plain linear output layer (no LoRA on it), logits without soft-capping or scaling
-    (checked on first use), and no FSDP2. Its matrix products run in the dtype of precision
-    (bfloat16 under bf16-mixed and bf16-copy, as the model's own output layer would under
-    autocast), its softmax in float32."""
+    (checked on first use), and no FSDP2. Its matrix products run in the dtype the model's
+    own output layer would multiply in (bfloat16 under bf16-mixed and bf16-copy; under fp32
+    the weight's own dtype), its softmax in float32."""
     share_prompt_prefix: bool = True
     """Score the rows of a micro-batch that continue the same prompt (the G samples of a
     group) with one forward over that prompt, its KV cache shared by the rows, instead of

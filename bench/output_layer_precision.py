@@ -134,9 +134,9 @@ def note(results: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results = measure(args)
-    print(table(results))
-    print()
-    print(note(results))
+    from provenance import table_and_note
+
+    print(table_and_note(table, note, results))
     if args.record:
         from records import RESULTS, write_record
 

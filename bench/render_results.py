@@ -34,7 +34,14 @@ import output_layer_precision  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
-from provenance import flagged_sentence, percent, source, timing_note, when_where  # noqa: E402
+from provenance import (  # noqa: E402
+    flagged_sentence,
+    percent,
+    source,
+    table_and_note,
+    timing_note,
+    when_where,
+)
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -180,11 +187,10 @@ def summary(records: dict) -> str:
 
 
 def _table_and_note(records: dict, module, name: str) -> str:
-    """A side-by-side benchmark's table (`module.table`), what it measured (`module.note`)
-    and its source: bench/loss_phase.py's, bench/output_layer_precision.py's."""
+    """A side-by-side benchmark's table, what it measured and its source: bench/loss_phase.py's,
+    bench/output_layer_precision.py's."""
     results = records[name]["results"]
-    return (module.table(results) + "\n\n" + module.note(results) + "\n\n"
-            + source(records[name]))  # fmt: skip
+    return table_and_note(module.table, module.note, results) + "\n\n" + source(records[name])
 
 
 RENDERERS: dict[str, Callable[[dict], str]] = {

@@ -129,6 +129,25 @@ def _batch(results: dict) -> str:
     return f"{b['prompts']} x {b['group_size']} x {b['max_new_tokens']}"
 
 
+PEAK_SPREAD = 1.2
+"""Runs whose measured matrix-product peaks differ by more than this factor ran on a machine
+of different speed: their seconds do not compare, their x of the limit still do."""
+
+
+def unequal_peaks(shown: Sequence[tuple[str, dict]]) -> list[str]:
+    """A sentence when the runs' bfloat16 matrix-product peaks, measured in each run's own
+    process, differ by more than `PEAK_SPREAD` (a busy or throttled machine), else none
+    (also where fewer than two runs measured them)."""
+    rates = {label: results["peaks"]["matmul"]["bfloat16"]["flops_per_s"] / 1e9
+             for label, results in shown if "peaks" in results}  # fmt: skip
+    if len(rates) < 2 or max(rates.values()) <= PEAK_SPREAD * min(rates.values()):
+        return []
+    listed = ", ".join(f"{label} {rate:.0f}" for label, rate in rates.items())
+    return [f"The runs measured different bfloat16 matrix-product peaks ({listed} GFLOP/s): "
+            "the machine was slower during one of them, so their seconds do not compare; "
+            "each x of the limit is against its own run's peak."]  # fmt: skip
+
+
 def compare(records: dict, source: Callable[..., str], runs: Sequence[tuple[str, str]]) -> str:
     """A block of docs/performance.md: the records `runs` names ((record, label) pairs) side by
     side, phase by phase, then what each run is, then where each record comes from."""
@@ -148,6 +167,7 @@ def compare(records: dict, source: Callable[..., str], runs: Sequence[tuple[str,
                if results.get("flags")]  # fmt: skip
     if flagged:
         notes.append("Timing flagged, the machine was not quiet: " + "; ".join(flagged) + ".")
+    notes += unequal_peaks(shown)
     body = "\n".join(_phase_rows(shown)) + "\n\n" + "\n".join(runs_table(shown))
     sources = source(*(records[name] for name, _ in runs))
     return body + "\n\n" + " ".join(notes) + "\n\n" + sources

@@ -83,3 +83,24 @@ def test_the_same_batch_is_said_once_and_a_missing_record_is_named():
     assert "Every run samples B x G x T = 4 x 8 x 128 per step" in block
     missing = render_results.render_block("roofline-freeze", {"roofline_gemma": same["a"]})
     assert "`bench/results/roofline_gemma_unfrozen.json`, which does not exist yet" in missing
+
+
+def _with_peak(results: dict, gflops: float) -> dict:
+    return {**results, "peaks": {"matmul": {"bfloat16": {"flops_per_s": gflops * 1e9}}}}
+
+
+def test_runs_on_a_machine_of_different_speed_are_said_not_to_compare_in_seconds():
+    """Peaks of 801 and 349 GFLOP/s (a run on a busy machine): one sentence names both and
+    says the seconds do not compare; peaks within PEAK_SPREAD of each other, or a run
+    without peaks, say nothing."""
+    def block(rate_a: float, rate_b: float | None) -> str:
+        b = results(False, True, BATCH, 1)
+        records = {"a": {"results": _with_peak(results(False, True, BATCH, 1), rate_a)},
+                   "b": {"results": b if rate_b is None else _with_peak(b, rate_b)}}  # fmt: skip
+        return roofline_results.compare(records, lambda *r: "", runs=(("a", "A"), ("b", "B")))
+
+    slow = block(801.4, 349.3)
+    assert "different bfloat16 matrix-product peaks (A 801, B 349 GFLOP/s)" in slow
+    assert "their seconds do not compare" in slow
+    for quiet in (block(801.0, 700.0), block(801.0, None)):
+        assert "matrix-product peaks" not in quiet

@@ -19,23 +19,21 @@ Departures from computing logits = hidden @ weight.T first:
 - Backward recomputes each chunk's logits from the saved hidden states and
   weight (one extra (rows, H) x (H, V) matmul per chunk) instead of keeping
   any (N, T, V) tensor: peak extra memory is a few fp32 chunks of rows x V
-  (`CHUNK_ROWS`); with a lower `product_dtype` also the weight's cast, made
-  in forward and again in backward (not kept in between), and for a weight
-  that trains one (V, H) product a chunk in that dtype before it is summed
-  into the fp32 gradient. A weight that does not require a gradient (a
-  frozen, tied embedding) gets none: no (V, H) gradient is allocated or
-  accumulated.
+  (`CHUNK_ROWS`). A weight that does not require a gradient (a frozen, tied
+  embedding) gets none: no (V, H) gradient is allocated or accumulated.
 - The softmax and everything after it are computed in fp32 (fp64 for fp64
   inputs) whatever the dtype of hidden and weight; gradients are returned in
-  the inputs' dtypes. The matrix products of each chunk (the logits; in
-  backward the logits again and the gradients of hidden and weight) run in
-  `product_dtype`: by default that same
-  fp32 (a caller's autocast is turned off inside, so it does not lower them);
-  `product_dtype=torch.bfloat16` multiplies bfloat16 rows by a bfloat16 weight
-  as autocast's bf16-mixed would, at the bfloat16 matrix rate, and widens each
-  chunk's logits to fp32 before the softmax, as a bf16-mixed model's own logits
-  are widened before `selective_log_softmax`. A weight of another dtype is cast
-  once per pass, not once per chunk.
+  the inputs' dtypes. The products that read the weight (each chunk's logits,
+  in forward and again in backward, and the hidden states' gradient) read
+  `product_weight` when one is given: the weight in a lower dtype (bfloat16),
+  which the caller casts once while the weight is unchanged
+  (`grpo.precision.cast_once`). The rows are cast to its dtype and each chunk's
+  logits widened to fp32 before the softmax, as autocast's bf16-mixed runs a
+  model's own output layer and `selective_log_softmax` widens its logits. The
+  weight's own gradient is summed in fp32 from the fp32 rows either way. With
+  no `product_weight` the products run in fp32 from the weight itself (a
+  caller's autocast is turned off inside, so it does not lower them), a
+  lower-precision weight cast once per pass, not once per chunk.
 """
 
 from __future__ import annotations
@@ -71,23 +69,22 @@ class _OutputLayer(torch.autograd.Function):
     each chunk's logits are computed once and serve every op in `ops`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, ops, step, temperature, product_dtype):
+    def forward(ctx, hidden, weight, bias, index, ops, step, temperature, product_weight):
         dtype = torch.promote_types(hidden.dtype, torch.float32)
-        product = dtype if product_dtype is None else product_dtype  # the products' dtype
         rows = hidden.reshape(-1, hidden.shape[-1])  # (R, H)
         out = torch.empty(len(ops), rows.shape[0], dtype=dtype, device=hidden.device)  # (k, R)
         log_norm = torch.empty(rows.shape[0], dtype=dtype, device=hidden.device)  # (R,)
-        cast = weight.to(product)  # (V, H) cast once, not per chunk (none in its own dtype)
+        cast = _product_weight(weight, product_weight, dtype)  # (V, H): what products read
         for start in range(0, rows.shape[0], step):
             part = slice(start, start + step)
             with _no_autocast(hidden):
-                z = _logits(rows[part], cast, bias, product, dtype, temperature)  # (r, V)
+                z = _logits(rows[part], cast, bias, dtype, temperature)  # (r, V)
             log_norm[part] = torch.logsumexp(z, dim=-1)
             for k, op in enumerate(ops):
                 out[k, part] = op.forward(z, index[part], log_norm[part])
-        # the cast is not kept for backward (one (V, H) copy per pending micro-batch): cast again
-        ctx.save_for_backward(rows, weight, bias, index, log_norm, out)
-        ctx.ops, ctx.step, ctx.product = ops, step, product
+        # a cast made here is not kept for backward (one (V, H) copy per pending pass)
+        ctx.save_for_backward(rows, weight, product_weight, bias, index, log_norm, out)
+        ctx.ops, ctx.step = ops, step
         ctx.temperature, ctx.shape = temperature, hidden.shape
         ctx.set_materialize_grads(False)  # an output nothing depends on gets no backward work
         # copies: in-place edits of the results cannot reach the saved `out`
@@ -96,7 +93,7 @@ class _OutputLayer(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, *grad_outs):
-        rows, weight, bias, index, log_norm, out = ctx.saved_tensors
+        rows, weight, product_weight, bias, index, log_norm, out = ctx.saved_tensors
         used = [
             (op, out[k], g.reshape(-1).to(out.dtype))  # (R,) each
             for k, (op, g) in enumerate(zip(ctx.ops, grad_outs, strict=True))
@@ -112,12 +109,11 @@ class _OutputLayer(torch.autograd.Function):
         grad_bias = None
         if bias is not None and ctx.needs_input_grad[2]:
             grad_bias = torch.zeros(bias.shape, dtype=out.dtype, device=bias.device)  # (V,)
-        product = ctx.product
-        cast = weight.to(product)  # (V, H), as in forward (none in its own dtype)
+        cast = _product_weight(weight, product_weight, out.dtype)  # (V, H), as in forward
         for start in range(0, rows.shape[0], ctx.step):
             part = slice(start, start + ctx.step)
             with _no_autocast(rows):
-                z = _logits(rows[part], cast, bias, product, out.dtype, ctx.temperature)  # (r, V)
+                z = _logits(rows[part], cast, bias, out.dtype, ctx.temperature)  # (r, V)
                 grad_z = None  # (r, V): the ops' gradients summed in place
                 for op, o, g in used:
                     grad = op.backward(z, index[part], log_norm[part], o[part], g[part])
@@ -125,16 +121,17 @@ class _OutputLayer(torch.autograd.Function):
                 grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
                 if grad_bias is not None:
                     grad_bias += grad_z.sum(0)
-                grad_z = grad_z.to(product)  # (r, V): no copy when product is out's dtype
-                grad_rows[part] = grad_z @ cast  # (r, H)
-                if grad_weight is not None:  # (V, H)
-                    if product == out.dtype:  # in place
-                        grad_weight.addmm_(grad_z.T, rows[part].to(product))
-                    else:  # a (V, H) product in the lower dtype, summed in out's dtype
-                        grad_weight += grad_z.T @ rows[part].to(product)
+                if grad_weight is not None:  # (V, H), in place, from the fp32 grad_z
+                    grad_weight.addmm_(grad_z.T, rows[part].to(out.dtype))
+                grad_rows[part] = grad_z.to(cast.dtype) @ cast  # (r, H): no copy in fp32
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_rows.view(ctx.shape), grad_weight, grad_bias, None, None, None, None, None
+
+
+def _product_weight(weight: Tensor, product_weight: Tensor | None, dtype) -> Tensor:
+    """(V, H): `product_weight` when given, else `weight` in `dtype` (no copy in its own)."""
+    return weight.to(dtype) if product_weight is None else product_weight
 
 
 def _no_autocast(like: Tensor) -> torch.autocast:
@@ -142,11 +139,10 @@ def _no_autocast(like: Tensor) -> torch.autocast:
     return torch.autocast(like.device.type, enabled=False)
 
 
-def _logits(
-    rows: Tensor, weight: Tensor, bias: Tensor | None, product, dtype, temperature
-) -> Tensor:
-    """(r, H) rows, (V, H) weight already in `product` -> (r, V) logits / temperature in `dtype`."""
-    z = (rows.to(product) @ weight.T).to(dtype)  # (r, V): no copy when product is dtype
+def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperature) -> Tensor:
+    """(r, H) rows, (V, H) weight in the products' dtype -> (r, V) logits / temperature in
+    `dtype` (the rows cast to the weight's dtype, the product widened: no copies in fp32)."""
+    z = (rows.to(weight.dtype) @ weight.T).to(dtype)  # (r, V)
     if bias is not None:
         z.add_(bias.to(dtype))  # in place: a (r, V) temporary fewer, the same numbers
     return z.div_(temperature)
@@ -161,7 +157,7 @@ def _run(
     temperature,
     chunk_size,
     where=None,
-    product_dtype=None,
+    product_weight=None,
 ) -> tuple[Tensor, ...]:
     if not isinstance(hidden, Tensor) or not hidden.is_floating_point() or hidden.dim() < 1:
         raise ValueError("hidden: allowed: a floating-point tensor of shape (..., H)")
@@ -171,10 +167,16 @@ def _run(
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias: got {tuple(bias.shape)}; allowed: None or ({weight.shape[0]},)")
     temperature = check_positive(temperature, "temperature")
-    if product_dtype is not None and not (
-        isinstance(product_dtype, torch.dtype) and product_dtype.is_floating_point
+    if product_weight is not None and (
+        not isinstance(product_weight, Tensor)
+        or product_weight.shape != weight.shape
+        or not product_weight.is_floating_point()
     ):
-        raise ValueError(f"product_dtype: got {product_dtype}; allowed: None or a float dtype")
+        got = tuple(product_weight.shape) if isinstance(product_weight, Tensor) else product_weight
+        raise ValueError(
+            f"product_weight: got {got!r}; allowed: None or a float tensor of the weight's "
+            f"shape {tuple(weight.shape)}"
+        )
     if chunk_size is not None:
         chunk_size = int(check_positive(chunk_size, "chunk_size"))
     block = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])  # rows of about that many logits
@@ -182,14 +184,14 @@ def _run(
     if where is None:
         flat_index = index.reshape(-1).long()  # (R,)
         return _OutputLayer.apply(
-            hidden, weight, bias, flat_index, ops, step, temperature, product_dtype
+            hidden, weight, bias, flat_index, ops, step, temperature, product_weight
         )
     if not isinstance(where, Tensor) or where.dtype != torch.bool or where.shape != index.shape:
         got = f"{tuple(where.shape)} {where.dtype}" if isinstance(where, Tensor) else where
         raise ValueError(f"where: got {got}; allowed: None or bool of shape {tuple(index.shape)}")
     picked = hidden[where], index[where].long()  # (R, H), (R,): the positions asked for only
     outs = _OutputLayer.apply(
-        picked[0], weight, bias, picked[1], ops, step, temperature, product_dtype
+        picked[0], weight, bias, picked[1], ops, step, temperature, product_weight
     )
     return tuple(o.new_zeros(where.shape).masked_scatter(where, o) for o in outs)  # (...) each
 
@@ -213,7 +215,7 @@ def output_layer_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     where: Tensor | None = None,
-    product_dtype: torch.dtype | None = None,
+    product_weight: Tensor | None = None,
 ) -> Tensor:
     """log softmax((hidden @ weight.T + bias) / temperature)[index]: (..., H), (V, H), (...) -> (...).
 
@@ -221,13 +223,14 @@ def output_layer_logprobs(
     without the logits tensor. `chunk_size` rows per chunk (None: whole blocks of about
     `DEFAULT_CHUNK_ELEMENTS` logits within `CHUNK_ROWS` rows). `where` (...) bool: compute
     at those positions only, 0 elsewhere (padding and prompt positions cost nothing).
-    `product_dtype`: the matrix products' dtype (None: the fp32 of the softmax; see the
-    module docstring). Gradients flow to hidden, weight and bias.
+    `product_weight` (V, H): the weight in the dtype its products run in (bfloat16), its
+    gradient still going to `weight` (None: fp32 products; see the module docstring).
+    Gradients flow to hidden, weight and bias.
     """
     _check_index(index, hidden, weight)
     ops = (_LOG_SOFTMAX,)
     (logprobs,) = _run(
-        ops, hidden, weight, index, bias, temperature, chunk_size, where, product_dtype
+        ops, hidden, weight, index, bias, temperature, chunk_size, where, product_weight
     )
     return logprobs
 
@@ -239,12 +242,12 @@ def output_layer_entropy(
     bias: Tensor | None = None,
     temperature: float = 1.0,
     chunk_size: int | None = None,
-    product_dtype: torch.dtype | None = None,
+    product_weight: Tensor | None = None,
 ) -> Tensor:
     """Entropy of softmax((hidden @ weight.T + bias) / temperature): (..., H), (V, H) -> (...)."""
     index = torch.zeros(hidden.shape[:-1], dtype=torch.long, device=hidden.device)  # unused
     (entropy,) = _run(
-        (_ENTROPY,), hidden, weight, index, bias, temperature, chunk_size, None, product_dtype
+        (_ENTROPY,), hidden, weight, index, bias, temperature, chunk_size, None, product_weight
     )
     return entropy
 
@@ -258,7 +261,7 @@ def output_layer_logprobs_entropy(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     where: Tensor | None = None,
-    product_dtype: torch.dtype | None = None,
+    product_weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(`output_layer_logprobs`, `output_layer_entropy`) of the same arguments, each (...),
     from one computation of each chunk's logits instead of two (`where` as in
@@ -266,4 +269,4 @@ def output_layer_logprobs_entropy(
     depends on only: an entropy kept as a metric costs no backward."""
     _check_index(index, hidden, weight)
     ops = (_LOG_SOFTMAX, _ENTROPY)
-    return _run(ops, hidden, weight, index, bias, temperature, chunk_size, where, product_dtype)
+    return _run(ops, hidden, weight, index, bias, temperature, chunk_size, where, product_weight)

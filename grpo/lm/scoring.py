@@ -68,7 +68,7 @@ from grpo.lm.prefix import (
     sharing_blocker,
 )
 from grpo.lm.sampling import left_pad
-from grpo.precision import compute_dtype, compute_precision
+from grpo.precision import cast_once, compute_dtype, compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["ScoringSettings", "score_completions"]
@@ -233,8 +233,8 @@ def _score_folded(
     """Log-probs (and entropy) from the last hidden states of `body` and the output layer
     `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor, and
     the output layer runs at real completion tokens only, not at the padding after them. Its
-    matrix products run in the precision's dtype (bfloat16 under bf16-mixed and bf16-copy),
-    its softmax in float32."""
+    products that read the weight run in the precision's dtype (bfloat16 under bf16-mixed,
+    from a cast kept until the weight changes, and bf16-copy), its softmax in float32."""
     device = rows.completion_ids.device.type
     with compute_precision(settings.precision, device):
         scoring = _scoring_states(
@@ -243,7 +243,7 @@ def _score_folded(
         product = compute_dtype(head.weight.dtype, device)  # (autocast's, else the weight's)
     real = rows.present.bool()  # (n, T): the output layer skips the padding
     folded = {"bias": head.bias, "temperature": settings.temperature, "where": real,
-              "product_dtype": product}  # fmt: skip
+              "product_weight": cast_once(head.weight, product)}  # fmt: skip
     ids = rows.completion_ids
     if settings.compute_entropy:
         return output_layer_logprobs_entropy(scoring, head.weight, ids, **folded)  # (n, T) each

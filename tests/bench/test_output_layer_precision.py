@@ -32,4 +32,5 @@ def test_a_record_of_both_dtypes_at_tiny_shapes(tmp_path, monkeypatch):
         assert shape["gflop"] == 2 * 40 * H * V * (4 if trains else 3) / 1e9
         assert 1e-5 < shape["logprob_gap_max"] < 0.1  # the products really differ, by rounding
     table = olp.table(results)
+    assert all(shape["cast_seconds"] > 0 for shape in results["shapes"].values())
     assert table.count("\n") == 3 and "| frozen | 500 x 24, frozen |" in table

@@ -135,20 +135,29 @@ def _bf16_matmul_reference(hidden, weight, bias, index, temperature):
 
 
 def test_bfloat16_products_equal_the_plain_computation_with_bfloat16_matmuls():
-    """product_dtype=bfloat16 over one chunk: log-probs and d/d(hidden, weight, bias) equal
-    those of logits = (hidden.bf16 @ weight.bf16^T).float() + bias by autograd, to fp32
-    rounding; and they differ from the fp32 products' (the products really ran in bf16)."""
+    """A bfloat16 product_weight over one chunk: log-probs and d/d(hidden, bias) equal those
+    of logits = (hidden.bf16 @ weight.bf16^T).float() + bias by autograd, to fp32 rounding,
+    and d/d(weight) that of the same logits from the fp32 rows (summed in fp32); they differ
+    from the fp32 products' (the products really ran in bf16)."""
     hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=7)
     upstream = torch.randn(3, 5)
     fold = {"bias": bias, "temperature": 0.7}
-    ours = output_layer_logprobs(hidden, weight, index, product_dtype=torch.bfloat16, **fold)
+    low = weight.detach().bfloat16()
+    ours = output_layer_logprobs(hidden, weight, index, product_weight=low, **fold)
     got = torch.autograd.grad((ours * upstream).sum(), (hidden, weight, bias))
     plain = _bf16_matmul_reference(hidden, weight, bias, index, 0.7)
-    want = torch.autograd.grad((plain * upstream).sum(), (hidden, weight, bias))
+    want = torch.autograd.grad((plain * upstream).sum(), (hidden, bias))
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], want[1], rtol=1e-5, atol=1e-5)
+    # the weight's gradient: d/dz of the bf16 logits, times the fp32 rows, summed in fp32
+    logits = (hidden.detach().bfloat16() @ low.T).float() + bias.detach()  # (N, T, V)
+    logits.requires_grad_()
+    chosen = (logits / 0.7).log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+    (grad_z,) = torch.autograd.grad((chosen * upstream).sum(), (logits,))
+    torch.testing.assert_close(got[1], torch.einsum("ntv,nth->vh", grad_z, hidden.detach()),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
     fp32 = output_layer_logprobs(hidden, weight, index, **fold)
     assert (ours - fp32).abs().max() > 1e-4
 
@@ -166,8 +175,9 @@ def test_bfloat16_products_over_chunks_stay_within_bfloat16_rounding_of_fp64(wei
     lp, ent = output_layer_logprobs_entropy(*truth[:2], index, bias=truth[2])
     want = torch.autograd.grad((lp * upstream + ent).sum(), truth)
     w = weight.detach().to(weight_dtype).requires_grad_(trains)
+    low = w.detach().bfloat16()  # bf16-copy's weight is its own product weight
     ours = output_layer_logprobs_entropy(
-        hidden, w, index, bias=bias, chunk_size=4, product_dtype=torch.bfloat16
+        hidden, w, index, bias=bias, chunk_size=4, product_weight=low
     )
     torch.testing.assert_close(ours[0].double(), lp, rtol=0, atol=0.05)
     torch.testing.assert_close(ours[1].double(), ent, rtol=0, atol=0.05)
@@ -180,38 +190,19 @@ def test_bfloat16_products_over_chunks_stay_within_bfloat16_rounding_of_fp64(wei
         assert got[1].dtype == weight_dtype
 
 
-def test_float32_products_are_the_default_bit_for_bit():
-    """product_dtype=float32 (what a scorer passes under fp32) is product_dtype=None exactly,
+def test_the_weight_as_its_own_product_weight_is_the_default_bit_for_bit():
+    """product_weight=weight (what a scorer passes under fp32) is product_weight=None exactly,
     in log-probs, entropy and every gradient, over several chunks."""
     results = []
-    for product_dtype in (None, torch.float32):
+    for own in (False, True):
         hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=9)
         lp, ent = output_layer_logprobs_entropy(
-            hidden, weight, index, bias=bias, chunk_size=4, product_dtype=product_dtype
+            hidden, weight, index, bias=bias, chunk_size=4, product_weight=weight if own else None
         )
         grads = torch.autograd.grad((lp + 0.5 * ent).sum(), (hidden, weight, bias))
         results.append([lp, ent, *grads])
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
-
-
-def test_a_lower_product_dtype_keeps_no_weight_cast_for_backward():
-    """The bytes saved for backward are the same with bfloat16 products as with float32
-    ones: the weight's bfloat16 cast is made again in backward, not held per pending pass."""
-    saved = {}
-    for product_dtype in (None, torch.bfloat16):
-        hidden, weight, _, index = _inputs(dtype=torch.float32, bias=False, seed=10)
-        sizes = []
-
-        def pack(tensor, sizes=sizes):
-            sizes.append(tensor.numel() * tensor.element_size())
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            lp = output_layer_logprobs(hidden, weight, index, product_dtype=product_dtype)
-        lp.sum().backward()
-        saved[product_dtype] = sum(sizes)
-    assert saved[torch.bfloat16] == saved[None] > 0
 
 
 def test_bad_shapes_name_the_argument():
@@ -221,9 +212,9 @@ def test_bad_shapes_name_the_argument():
         output_layer_logprobs(hidden, weight[:, :4], index)
     with pytest.raises(ValueError, match="index"):
         output_layer_logprobs(hidden, weight, index + 11)
-    for wrong in (torch.long, "bfloat16"):
-        with pytest.raises(ValueError, match="product_dtype"):
-            output_layer_logprobs(hidden, weight, index, product_dtype=wrong)
+    for wrong in (weight[:5].bfloat16(), weight.long(), "bfloat16"):
+        with pytest.raises(ValueError, match="product_weight"):
+            output_layer_logprobs(hidden, weight, index, product_weight=wrong)
 
 
 def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged():

@@ -118,7 +118,8 @@ class _OutputLayer(torch.autograd.Function):
                 for op, o, g in used:
                     grad = op.backward(z, index[part], log_norm[part], o[part], g[part])
                     grad_z = grad if grad_z is None else grad_z.add_(grad)
-                grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
+                if ctx.temperature != 1.0:
+                    grad_z = grad_z.div_(ctx.temperature)  # chain rule through z = logits / T
                 if grad_bias is not None:
                     grad_bias += grad_z.sum(0)
                 if grad_weight is not None:  # (V, H), in place, from the fp32 grad_z
@@ -145,7 +146,7 @@ def _logits(rows: Tensor, weight: Tensor, bias: Tensor | None, dtype, temperatur
     z = (rows.to(weight.dtype) @ weight.T).to(dtype)  # (r, V)
     if bias is not None:
         z.add_(bias.to(dtype))  # in place: a (r, V) temporary fewer, the same numbers
-    return z.div_(temperature)
+    return z if temperature == 1.0 else z.div_(temperature)  # z / 1 is z: no pass for it
 
 
 def _run(

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -183,9 +182,9 @@ def note(results: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results = measure(args)
-    print(table(results))
-    print()
-    print(note(results))
+    from provenance import table_and_note
+
+    print(table_and_note(table, note, results))
     if args.record:
         from records import RESULTS, write_config_record
 

@@ -15,7 +15,7 @@ from records import stale  # noqa: E402
 
 __all__ = [
     "added", "checked", "flagged_sentence", "machine_line", "percent", "remeasured", "source",
-    "stamped_runs", "timing_note", "when_where",
+    "stamped_runs", "table_and_note", "timing_note", "when_where",
 ]  # fmt: skip
 
 
@@ -140,3 +140,9 @@ def flagged_sentence(flagged: list[str]) -> str:
     """One sentence naming the runs whose timing `common.timing_flags` flagged."""
     return ("Timing flagged, where the machine was not quiet before or during the run (the "
             "1-minute load average still counts the run before it): " + "; ".join(flagged) + ".")
+
+
+def table_and_note(table, note, results: dict) -> str:
+    """A side-by-side benchmark's `table` and `note` (what it measured) of its `results`, as
+    its script prints them and the pages show them above the source."""
+    return table(results) + "\n\n" + note(results)

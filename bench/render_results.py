@@ -30,10 +30,18 @@ import chess_results  # noqa: E402
 import decode_results  # noqa: E402
 import gpu_results  # noqa: E402
 import loss_phase  # noqa: E402
+import output_layer_precision  # noqa: E402
 import roofline_results  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
-from provenance import flagged_sentence, percent, source, timing_note, when_where  # noqa: E402
+from provenance import (  # noqa: E402
+    flagged_sentence,
+    percent,
+    source,
+    table_and_note,
+    timing_note,
+    when_where,
+)
 from records import REPO, load_records, stale  # noqa: E402
 
 PAGES = ("README.md", "docs")  # files, or folders of .md files, that may hold blocks
@@ -178,6 +186,13 @@ def summary(records: dict) -> str:
                               "whose source files changed since it was measured.")
 
 
+def _table_and_note(records: dict, module, name: str) -> str:
+    """A side-by-side benchmark's table, what it measured and its source: bench/loss_phase.py's,
+    bench/output_layer_precision.py's."""
+    results = records[name]["results"]
+    return table_and_note(module.table, module.note, results) + "\n\n" + source(records[name])
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
@@ -211,23 +226,24 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
             ("roofline_gemma_unfrozen", "embedding trained"),
         ),
     ),
-    "loss-precision": lambda records: _loss_phase(records, "loss_precision"),
-    "loss-precision-gemma": lambda records: _loss_phase(records, "loss_precision_gemma"),
-    "loss-packing": lambda records: _loss_phase(records, "loss_packing"),
-    "loss-packing-gemma": lambda records: _loss_phase(records, "loss_packing_gemma"),
+    **{
+        block: functools.partial(_table_and_note, module=loss_phase, name=name)
+        for block, name in (
+            ("loss-precision", "loss_precision"),
+            ("loss-precision-gemma", "loss_precision_gemma"),
+            ("loss-packing", "loss_packing"),
+            ("loss-packing-gemma", "loss_packing_gemma"),
+        )
+    },
+    "output-layer-precision": functools.partial(
+        _table_and_note, module=output_layer_precision, name="output_layer_precision"
+    ),
     **{f"chess-{name}": functools.partial(render, source=source)
        for name, render in chess_results.RENDERERS.items()},
     "chess-vs-trl": trl_comparison("chess_vs_trl", "reward"),
     "features": functools.partial(gpu_results.features, source=source),
     "summary": summary,
 }
-
-
-def _loss_phase(records: dict, name: str) -> str:
-    """bench/loss_phase.py's side-by-side table, what it measured, and its source."""
-    results = records[name]["results"]
-    return (loss_phase.table(results) + "\n\n" + loss_phase.note(results) + "\n\n"
-            + source(records[name]))  # fmt: skip
 
 
 # ------------------------------------------------------------------ pages

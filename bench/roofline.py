@@ -61,7 +61,6 @@ from roofline_memory import PhasePeaks, status_bytes  # noqa: E402
 from roofline_peaks import measure_peaks  # noqa: E402
 from roofline_results import PHASES, table  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = "configs/smollm2_math.yaml"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PEAK_DTYPES = ("float32", "bfloat16")  # always both, whatever the run multiplies in

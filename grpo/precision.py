@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "AUTO",
@@ -61,6 +62,7 @@ __all__ = [
     "PRECISION_ALIASES",
     "bfloat16_fast",
     "bfloat16_speedup",
+    "cast_once",
     "check_precision",
     "compute_dtype",
     "compute_precision",
@@ -205,9 +207,32 @@ def compute_precision(precision: str, device_type: str) -> contextlib.AbstractCo
     return torch.autocast(device_type, dtype=dtype, cache_enabled=_cache_off_holds == 0)
 
 
+# weight -> (its version counter when cast, the cast), keyed by identity; a cast lives as
+# long as its weight
+_CASTS = WeakIdKeyDictionary()
+
+
+def cast_once(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """`weight` in `dtype` (detached), cast again only once the weight has changed in place
+    since (an optimizer step, a loaded checkpoint: its version counter moved), or `weight`
+    itself when it is already in `dtype`. For a weight that several passes read between two
+    updates, as the folded output layer's is by every micro-batch of a step and, frozen, by
+    every step: one cast where each pass would make its own. Holds one cast per weight (a
+    bfloat16 copy of Gemma 3's 262,144 x 640 output layer is 320 MiB)."""
+    if weight.dtype == dtype:
+        return weight
+    held = _CASTS.get(weight)
+    if held is not None and held[0] == weight._version and held[1].dtype == dtype:
+        return held[1]
+    cast = weight.detach().to(dtype)
+    _CASTS[weight] = (weight._version, cast)
+    return cast
+
+
 def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The dtype matrix products of `dtype` tensors run in here: autocast's dtype while
-    autocast is on for `device_type`, else `dtype` (for tolerances set by rounding)."""
+    autocast is on for `device_type`, else `dtype`. The folded output layer multiplies in
+    it (`grpo.lm.scoring`); tolerances set by rounding read it too."""
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return dtype

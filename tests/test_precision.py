@@ -1,5 +1,5 @@
 """Tests for grpo.precision: names, autocast, auto and the bfloat16 speed check, the
-stalled-update estimate and its warning."""
+stalled-update estimate and its warning, a weight cast once while it is unchanged."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 import grpo.precision
 from grpo.precision import (
     bfloat16_speedup,
+    cast_once,
     check_precision,
     compute_dtype,
     compute_precision,
@@ -184,3 +185,24 @@ def test_autocasts_weight_cache_is_off_while_any_sampling_thread_holds_it():
     hold_weight_cache_off()
     release_weight_cache(everything=True)
     assert cache_on()
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_a_cast_is_made_once_and_again_after_each_change_of_the_weight(foreach):
+    """cast_once gives one bfloat16 tensor (the same object) while the weight is unchanged,
+    equal to weight.bfloat16(); after an AdamW step (per-tensor or foreach) and after a
+    load_state_dict it gives a new cast of the new values; a weight already in the dtype is
+    returned itself."""
+    layer = torch.nn.Linear(8, 16, bias=False)
+    first = cast_once(layer.weight, torch.bfloat16)
+    assert cast_once(layer.weight, torch.bfloat16) is first
+    assert torch.equal(first, layer.weight.detach().bfloat16()) and not first.requires_grad
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1, foreach=foreach)
+    layer(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    stepped = cast_once(layer.weight, torch.bfloat16)
+    assert stepped is not first and torch.equal(stepped, layer.weight.detach().bfloat16())
+    assert not torch.equal(stepped, first)
+    layer.load_state_dict({"weight": torch.zeros(16, 8)})
+    assert torch.equal(cast_once(layer.weight, torch.bfloat16), torch.zeros(16, 8).bfloat16())
+    assert cast_once(layer.weight, torch.float32) is layer.weight

@@ -28,7 +28,7 @@ from grpo.envs.chat_mask import ChatTokens
 from grpo.functional.logprobs import completion_logprobs
 from grpo.functional.output_layer import output_layer_logprobs
 from grpo.lm.folding import folded_output_layer
-from grpo.precision import compute_precision
+from grpo.precision import cast_once, compute_dtype, compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["conversation_logprobs"]
@@ -80,8 +80,10 @@ def conversation_logprobs(
         else:  # no (N, L, V) logits: the output layer folded into the log-softmax
             body, head = folded
             hidden = body(**inputs, use_cache=False).last_hidden_state[:, :-1]  # (N, L-1, H)
-            at = {"bias": head.bias, "temperature": temperature, "where": mask}
-            # (N, L-1), computed at assistant tokens only (float32: autocast is off inside)
+            product = compute_dtype(head.weight.dtype, input_ids.device.type)
+            at = {"bias": head.bias, "temperature": temperature, "where": mask,
+                  "product_weight": cast_once(head.weight, product)}  # fmt: skip
+            # (N, L-1), at assistant tokens only: products in the precision's dtype, softmax fp32
             logprobs = output_layer_logprobs(hidden, head.weight, input_ids[:, 1:], **at)
     if folded is None:
         logprobs = completion_logprobs(logits, input_ids[:, 1:], temperature)  # (N, L-1) float32

@@ -71,9 +71,9 @@ def _gathered_grad(z, index, log_norm, out, grad_out):
 
 def _entropy(z: Tensor, index: Tensor, log_norm: Tensor) -> Tensor:
     probs = (z - log_norm.unsqueeze(-1)).exp_()  # (R, V)
-    # 0 · z is 0 even where z = -inf (a masked-out token); p · z in place, in p
-    zero = (probs > 0).logical_not_()  # (R, V) bool
-    return log_norm - probs.mul_(z).masked_fill_(zero, 0.0).sum(-1)  # H = lse - E_p[z]
+    # p · z in place, in p; where z = -inf (a masked-out token) p is 0 and 0 · -inf is nan,
+    # counted as the 0 it is: the only way p · z is not finite
+    return log_norm - probs.mul_(z).nan_to_num_(nan=0.0).sum(-1)  # H = lse - E_p[z]
 
 
 def _entropy_grad(z, index, log_norm, out, grad_out):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from grpo.lm.prefix import SharedPrompts, inner_model
+from grpo.lm.prefix import SharedPrompts, inner_model, prompt_pass
 
 __all__ = ["PACKED_ATTENTION", "PACKING_CHECKS", "packed_prompt_forward", "packing_blocker"]
 
@@ -88,11 +88,7 @@ def packed_prompt_forward(
     """
     attention = inner_model(net).config._attn_implementation  # one of PACKED_ATTENTION
     device = completion_ids.device
-    ids, mask, index = (t.to(device) for t in prompts)  # (u, P), (u, P), (n,)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (u, P) left padding shifts nothing
-    out = net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-              **prompt_kwargs)  # fmt: skip
-    first = output(out)[:, -1:].index_select(0, index)  # (n, 1, X) scores token 0
+    out, first, (_, mask, index) = prompt_pass(net, prompts, output, prompt_kwargs, device)
     n, T = completion_ids.shape
     fed = present[:, 1:].bool()  # (n, T-1): token j is fed when token j + 1 is real
     if T == 1 or not bool(fed.any()):

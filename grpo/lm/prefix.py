@@ -51,6 +51,7 @@ __all__ = [
     "cache_argument",
     "group_prompts",
     "inner_model",
+    "prompt_pass",
     "shared_prompt_forward",
     "sharing_blocker",
 ]
@@ -126,6 +127,25 @@ def _blocker(model: nn.Module) -> str | None:
     return _CHECKED.get(model)
 
 
+def prompt_pass(
+    net: nn.Module,
+    prompts: SharedPrompts,
+    output: Callable[[Any], Tensor],
+    prompt_kwargs: dict[str, Any],
+    device: torch.device,
+) -> tuple[Any, Tensor, SharedPrompts]:
+    """The u distinct prompts run once with a KV cache -> (the forward's output, what scores
+    each row's first completion token (n, 1, X), the prompts on `device`)."""
+    ids, mask, index = (t.to(device) for t in prompts)  # (u, P), (u, P), (n,)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (u, P) left padding shifts nothing
+    out = net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+              **prompt_kwargs)  # fmt: skip
+    # the last prompt position scores the first completion token; indexing the rows'
+    # copies makes backward sum their gradients into the one prompt pass
+    first = output(out)[:, -1:].index_select(0, index)  # (n, 1, X)
+    return out, first, SharedPrompts(ids, mask, index)
+
+
 def shared_prompt_forward(
     net: nn.Module,
     prompts: SharedPrompts,
@@ -142,14 +162,8 @@ def shared_prompt_forward(
     last logits only), then over the n completions (n, T) right-padded, `present` (n, T)
     1 = a real token, against the prompts' cache expanded to the rows.
     """
-    device = completion_ids.device
-    ids, mask, index = (t.to(device) for t in prompts)  # (u, P), (u, P), (n,)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (u, P) left padding shifts nothing
-    out = net(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-              **prompt_kwargs)  # fmt: skip
-    # the last prompt position scores the first completion token; indexing the rows'
-    # copies makes backward sum their gradients into the one prompt pass
-    first = output(out)[:, -1:].index_select(0, index)  # (n, 1, X)
+    out, first, (ids, mask, index) = prompt_pass(net, prompts, output, prompt_kwargs,
+                                                 completion_ids.device)  # fmt: skip
     T = completion_ids.shape[1]
     if T == 1:
         return first

@@ -23,8 +23,10 @@ Choices:
 - With `precision` bf16-mixed the model's forward runs under bfloat16
   autocast (`grpo.precision`): its logits come out in bfloat16, and the
   log-softmax, entropy and everything after run in float32. With
-  `chunked_output_layer` only the body runs under autocast; the folded output
-  layer computes its logits in float32 from the body's float32 hidden states.
+  `chunked_output_layer` the body runs under autocast and the folded output
+  layer multiplies in the same dtype (`grpo.precision.compute_dtype`: bfloat16
+  under bf16-mixed, the weight's own otherwise, bfloat16 for bf16-copy's copy),
+  its softmax in float32.
 - Only the last T + 1 logits are computed (`logits_to_keep`) where the model
   supports it, and rows go through in micro-batches, to bound memory.
 - When the output layer is folded (`chunked_output_layer`; by default for
@@ -66,7 +68,7 @@ from grpo.lm.prefix import (
     sharing_blocker,
 )
 from grpo.lm.sampling import left_pad
-from grpo.precision import compute_precision
+from grpo.precision import cast_once, compute_dtype, compute_precision
 from grpo.protocols import TokenLogProbs
 
 __all__ = ["ScoringSettings", "score_completions"]
@@ -230,13 +232,18 @@ def _score_folded(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) from the last hidden states of `body` and the output layer
     `head`, in row chunks (`grpo.functional.output_layer`): no (n, T, V) logits tensor, and
-    the output layer runs at real completion tokens only, not at the padding after them."""
-    with compute_precision(settings.precision, rows.completion_ids.device.type):
+    the output layer runs at real completion tokens only, not at the padding after them. Its
+    products that read the weight run in the precision's dtype (bfloat16 under bf16-mixed,
+    from a cast kept until the weight changes, and bf16-copy), its softmax in float32."""
+    device = rows.completion_ids.device.type
+    with compute_precision(settings.precision, device):
         scoring = _scoring_states(
             model, body, rows, lambda out: out.last_hidden_state, False, settings.pack_completions
         )  # (n, T, H)
+        product = compute_dtype(head.weight.dtype, device)  # (autocast's, else the weight's)
     real = rows.present.bool()  # (n, T): the output layer skips the padding
-    folded = {"bias": head.bias, "temperature": settings.temperature, "where": real}
+    folded = {"bias": head.bias, "temperature": settings.temperature, "where": real,
+              "product_weight": cast_once(head.weight, product)}  # fmt: skip
     ids = rows.completion_ids
     if settings.compute_entropy:
         return output_layer_logprobs_entropy(scoring, head.weight, ids, **folded)  # (n, T) each

@@ -31,7 +31,9 @@ class CausalLMSettings:
     when the model cannot be folded); false: never; auto: when the vocabulary has at least
     32768 tokens and the model can be folded (else the logits, the reason logged once). Folding
     needs a plain linear output layer (no LoRA on it), logits without soft-capping or scaling
-    (checked on first use), and no FSDP2."""
+    (checked on first use), and no FSDP2. Its matrix products run in the dtype the model's
+    own output layer would multiply in (bfloat16 under bf16-mixed and bf16-copy; under fp32
+    the weight's own dtype), its softmax in float32."""
     share_prompt_prefix: bool = True
     """Score the rows of a micro-batch that continue the same prompt (the G samples of a
     group) with one forward over that prompt, its KV cache shared by the rows, instead of
@@ -46,7 +48,8 @@ class CausalLMSettings:
     (`grpo.lm.packing`). It needs attention that takes a 4D mask (sdpa or eager) and, for a
     model with a sliding window, rows inside the window; elsewhere the padded rows score and
     the reason is logged once ("grpo.lm.packing"). Off by default: it moves a run's numbers
-    by bfloat16 rounding, and the published runs were measured without it."""
+    by bfloat16 rounding, and short completions (the demo's, chess moves) leave little padding
+    to save; the real-model configs turn it on (docs/performance.md)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them."""
     disable_dropout: bool = True

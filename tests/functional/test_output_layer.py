@@ -127,6 +127,84 @@ def test_bf16_inputs_are_scored_in_fp32():
     torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
 
 
+def _bf16_matmul_reference(hidden, weight, bias, index, temperature):
+    """log_softmax of logits from bfloat16 matrix products, widened to fp32: what autocast's
+    bf16-mixed gives a model's own output layer (N, T, H), (V, H) -> (N, T)."""
+    logits = (hidden.bfloat16() @ weight.bfloat16().T).float() + bias  # (N, T, V)
+    return (logits / temperature).log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+
+
+def test_bfloat16_products_equal_the_plain_computation_with_bfloat16_matmuls():
+    """A bfloat16 product_weight over one chunk: log-probs and d/d(hidden, bias) equal those
+    of logits = (hidden.bf16 @ weight.bf16^T).float() + bias by autograd, to fp32 rounding,
+    and d/d(weight) that of the same logits from the fp32 rows (summed in fp32); they differ
+    from the fp32 products' (the products really ran in bf16)."""
+    hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=7)
+    upstream = torch.randn(3, 5)
+    fold = {"bias": bias, "temperature": 0.7}
+    low = weight.detach().bfloat16()
+    ours = output_layer_logprobs(hidden, weight, index, product_weight=low, **fold)
+    got = torch.autograd.grad((ours * upstream).sum(), (hidden, weight, bias))
+    plain = _bf16_matmul_reference(hidden, weight, bias, index, 0.7)
+    want = torch.autograd.grad((plain * upstream).sum(), (hidden, bias))
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], want[1], rtol=1e-5, atol=1e-5)
+    # the weight's gradient: d/dz of the bf16 logits, times the fp32 rows, summed in fp32
+    logits = (hidden.detach().bfloat16() @ low.T).float() + bias.detach()  # (N, T, V)
+    logits.requires_grad_()
+    chosen = (logits / 0.7).log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+    (grad_z,) = torch.autograd.grad((chosen * upstream).sum(), (logits,))
+    torch.testing.assert_close(got[1], torch.einsum("ntv,nth->vh", grad_z, hidden.detach()),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    fp32 = output_layer_logprobs(hidden, weight, index, **fold)
+    assert (ours - fp32).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trains", [True, False])
+def test_bfloat16_products_over_chunks_stay_within_bfloat16_rounding_of_fp64(weight_dtype, trains):
+    """Several chunks: log-probs and entropy within 0.05 and gradients within 2 % of the fp64
+    computation, for a float32 weight (bf16-mixed's masters) and a bfloat16 one (bf16-copy's,
+    multiplied as it is), trained (its gradient summed chunk by chunk in fp32 and returned
+    in its own dtype) or frozen (no gradient)."""
+    hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=8)
+    truth = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    upstream = torch.randn(3, 5)
+    lp, ent = output_layer_logprobs_entropy(*truth[:2], index, bias=truth[2])
+    want = torch.autograd.grad((lp * upstream + ent).sum(), truth)
+    w = weight.detach().to(weight_dtype).requires_grad_(trains)
+    low = w.detach().bfloat16()  # bf16-copy's weight is its own product weight
+    ours = output_layer_logprobs_entropy(
+        hidden, w, index, bias=bias, chunk_size=4, product_weight=low
+    )
+    torch.testing.assert_close(ours[0].double(), lp, rtol=0, atol=0.05)
+    torch.testing.assert_close(ours[1].double(), ent, rtol=0, atol=0.05)
+    inputs = (hidden, w, bias) if trains else (hidden, bias)
+    got = torch.autograd.grad((ours[0] * upstream + ours[1]).sum(), inputs)
+    expected = want if trains else (want[0], want[2])
+    for g, e in zip(got, expected, strict=True):
+        assert (g.double() - e).norm() / e.norm() < 2e-2
+    if trains:
+        assert got[1].dtype == weight_dtype
+
+
+def test_the_weight_as_its_own_product_weight_is_the_default_bit_for_bit():
+    """product_weight=weight (what a scorer passes under fp32) is product_weight=None exactly,
+    in log-probs, entropy and every gradient, over several chunks."""
+    results = []
+    for own in (False, True):
+        hidden, weight, bias, index = _inputs(dtype=torch.float32, seed=9)
+        lp, ent = output_layer_logprobs_entropy(
+            hidden, weight, index, bias=bias, chunk_size=4, product_weight=weight if own else None
+        )
+        grads = torch.autograd.grad((lp + 0.5 * ent).sum(), (hidden, weight, bias))
+        results.append([lp, ent, *grads])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_bad_shapes_name_the_argument():
     """A weight of the wrong width and an out-of-range id are rejected by name."""
     hidden, weight, _, index = _inputs(bias=False)
@@ -134,6 +212,9 @@ def test_bad_shapes_name_the_argument():
         output_layer_logprobs(hidden, weight[:, :4], index)
     with pytest.raises(ValueError, match="index"):
         output_layer_logprobs(hidden, weight, index + 11)
+    for wrong in (weight[:5].bfloat16(), weight.long(), "bfloat16"):
+        with pytest.raises(ValueError, match="product_weight"):
+            output_layer_logprobs(hidden, weight, index, product_weight=wrong)
 
 
 def test_a_frozen_weight_gets_no_gradient_and_the_hidden_gradient_is_unchanged():

@@ -2,8 +2,8 @@
 
 `TEMPLATES` tells a story, sentence kind by sentence kind (the last phrasing of each kind
 is held out: `HELD_OUT_TEMPLATES`). `FORMS` asks it: the full scaffold (the instruction,
-one worked example, the problem), the instruction alone before the problem, or the problem
-alone. The held-out splits each use one form (`HELD_OUT_FORMS`); the training split draws
+one worked example of `WORKED_EXAMPLES`, the problem), the instruction alone before the
+problem, or the problem alone. The held-out splits each use one form (`HELD_OUT_FORMS`); the training split draws
 one per row from the weights of the task option `train_forms` (`draw_forms`), by default
 the scaffold for every row. Only the standard library is imported here.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_TRAIN_FORMS", "EXAMPLE_PROBLEM", "EXAMPLE_SOLUTION", "FORMS", "HELD_OUT_FORMS",
-    "HELD_OUT_TEMPLATES", "INSTRUCTION", "NAMES", "OBJECTS", "TEMPLATES", "check_train_forms",
-    "draw_forms", "messages",
+    "HELD_OUT_TEMPLATES", "INSTRUCTION", "NAMES", "OBJECTS", "TEMPLATES", "WORKED_EXAMPLES",
+    "check_train_forms", "check_worked_example", "draw_forms", "messages",
 ]  # fmt: skip
 
 # Sentence kinds: "start", one per operator, "question". Fields: {name}, {other}, {objects}, {n}.
@@ -83,30 +83,49 @@ EXAMPLE_SOLUTION = (
     "Mia starts with 5 stickers. After buying 3 more she has 5 + 3 = 8. "
     "After selling 2 she has 8 - 2 = 6.\nAnswer: 6"
 )
+WORKED_EXAMPLES: dict[str, tuple[str, str]] = {
+    # two operations, each told in a sentence of the story
+    "story": (EXAMPLE_PROBLEM, EXAMPLE_SOLUTION),
+    # one operation, answered with its equation alone
+    "one_step": (
+        "Mia has 5 stickers. Mia buys 3 more stickers. How many stickers does Mia have now?",
+        "5 + 3 = 8.\nAnswer: 8",
+    ),
+}
+"""The worked examples a scaffold can show, by name: (the problem, its answer)."""
 
 
-def messages(problem_text: str, worked_example: bool = True, bare: bool = False
+def check_worked_example(value: Any) -> str | None:
+    """The task option `worked_example` as a name of `WORKED_EXAMPLES`, or None for none:
+    true is "story", false is none; anything else a ValueError naming the option."""
+    if value is True or value is False:
+        return "story" if value else None
+    if value not in WORKED_EXAMPLES:
+        allowed = ", ".join(["true", "false", *WORKED_EXAMPLES])
+        raise ValueError(f"worked_example: got {value!r}; allowed: {allowed}")
+    return value
+
+
+def messages(problem_text: str, worked_example: str | None = "story", bare: bool = False
              ) -> list[dict[str, str]]:  # fmt: skip
-    """The chat prompt: the instruction, optionally one worked example, then the problem;
-    `bare`: the problem alone."""
+    """The chat prompt: the instruction, the worked example named (none for None), then the
+    problem; `bare`: the problem alone."""
     if bare:
         return [{"role": "user", "content": problem_text}]
     turns = [{"role": "system", "content": INSTRUCTION}]
-    if worked_example:
-        turns += [
-            {"role": "user", "content": EXAMPLE_PROBLEM},
-            {"role": "assistant", "content": EXAMPLE_SOLUTION},
-        ]
+    if worked_example is not None:
+        problem, answer = WORKED_EXAMPLES[worked_example]
+        turns += [{"role": "user", "content": problem}, {"role": "assistant", "content": answer}]
     return [*turns, {"role": "user", "content": problem_text}]
 
 
-FORMS: dict[str, Callable[[str, bool], list[dict[str, str]]]] = {
+FORMS: dict[str, Callable[[str, str | None], list[dict[str, str]]]] = {
     "scaffold": lambda text, worked_example: messages(text, worked_example),
-    "instruction": lambda text, worked_example: messages(text, worked_example=False),
+    "instruction": lambda text, worked_example: messages(text, worked_example=None),
     "bare": lambda text, worked_example: messages(text, bare=True),
 }
-"""How a problem is asked, as a function of (problem text, the task's `worked_example`):
-scaffold, the instruction, the worked example (unless `worked_example` is false) and the
+"""How a problem is asked, as a function of (problem text, the name of the task's worked
+example or None): scaffold, the instruction, the worked example (none for None) and the
 problem; instruction, the instruction and the problem; bare, the problem alone as one user
 turn (no instruction, so no request for "Answer: N")."""
 HELD_OUT_FORMS = {"heldout_numbers": "scaffold", "heldout_phrasings": "scaffold",

@@ -46,14 +46,17 @@ from grpo.tasks.word_problem_prompts import (
     NAMES,
     OBJECTS,
     TEMPLATES,
+    WORKED_EXAMPLES,
     check_train_forms,
+    check_worked_example,
     draw_forms,
     messages,
 )  # fmt: skip
 
 __all__ = [
     "ANSWER_CHECKS", "EXAMPLE_PROBLEM", "EXAMPLE_SOLUTION", "FORMS", "HELD_OUT_TEMPLATES",
-    "INSTRUCTION", "OPERATORS", "SPLITS", "TEMPLATES", "Problem", "WordProblemsConfig",
+    "INSTRUCTION", "OPERATORS", "SPLITS", "TEMPLATES", "WORKED_EXAMPLES", "Problem",
+    "WordProblemsConfig",
     "answer_alone", "answer_format", "breakdown", "correct", "correct_once", "correct_strict",
     "final_number", "generate_dataset", "math_verified", "messages", "stated_answer",
 ]  # fmt: skip
@@ -84,8 +87,10 @@ class WordProblemsConfig:
     """No count along the way exceeds this."""
     held_out_fraction: float = 0.2
     """Share of all equations reserved for the held-out splits (chosen by a hash)."""
-    worked_example: bool = True
-    """Put one worked example (a user turn and its answer) before the problem."""
+    worked_example: bool | str = True
+    """The worked example (a user turn and its answer) a scaffold shows before the problem:
+    true or "story" (two operations told as a story), "one_step" (one operation answered
+    with its equation alone), or false (none). Read as the example's name, None for none."""
     prompt_form: str = "chat"
     """chat: messages, through the model's chat template; plain: the same as "Question: ...
     Answer:" text for a base model (`grpo.lm.prompt_forms.plain_text`)."""
@@ -120,6 +125,7 @@ class WordProblemsConfig:
         if self.prompt_form not in PROMPT_FORMS:
             raise ValueError(f"prompt_form must be one of {PROMPT_FORMS}, got {self.prompt_form!r}")
         object.__setattr__(self, "train_forms", check_train_forms(self.train_forms))
+        object.__setattr__(self, "worked_example", check_worked_example(self.worked_example))
 
 
 @dataclass(frozen=True)

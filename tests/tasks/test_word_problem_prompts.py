@@ -16,13 +16,21 @@ from grpo.cli.tasks import build_task
 from grpo.lm.prompt_forms import PLAIN_STOP, plain_text
 from grpo.run.config_files import load_config
 from grpo.run.structured import ConfigError
-from grpo.tasks.word_problem_prompts import FORMS, check_train_forms, draw_forms
+from grpo.tasks.word_problem_prompts import (
+    FORMS,
+    HELD_OUT_TEMPLATES,
+    TEMPLATES,
+    WORKED_EXAMPLES,
+    check_train_forms,
+    draw_forms,
+)
 from grpo.tasks.word_problems import (
     EXAMPLE_PROBLEM,
     EXAMPLE_SOLUTION,
     INSTRUCTION,
     SPLITS,
     WordProblemsConfig,
+    correct_once,
     generate_dataset,
 )
 
@@ -245,3 +253,35 @@ def test_one_grpo_step_of_the_forms_config_on_a_tiny_chat_model(tiny_llama, tmp_
     assert [s["prompt"] for s in plain.train_states] == [
         plain_text(s["prompt"]) for s in parts.train_states
     ]
+
+
+def test_worked_example_story_is_true_and_one_step_shows_its_own_example():
+    """worked_example "story" gives true's rows byte for byte; "one_step" changes only the
+    scaffold's example turns, to a one-operation story told in training phrasings whose
+    answer, its equation alone, scores 1 under the strictest check (answer_check once)."""
+    story = WordProblemsConfig(worked_example="story")
+    assert digest(generate_dataset(200, seed=0, config=story)) == PINNED[("train", ())]
+    problem, answer = WORKED_EXAMPLES["one_step"]
+    fields = {"name": "Mia", "objects": "stickers"}
+    told = [
+        TEMPLATES["start"][0].format(n=5, **fields),
+        TEMPLATES["+"][0].format(n=3, **fields),
+        TEMPLATES["question"][0].format(**fields),
+    ]
+    assert problem == " ".join(told)
+    for kind in ("start", "+", "question"):  # phrasing 0 is not among the held-out last ones
+        assert len(TEMPLATES[kind]) - HELD_OUT_TEMPLATES > 0
+    assert correct_once([None], [" " + answer], ["8"]) == [1.0]
+    default = generate_dataset(30, seed=2)
+    one_step = generate_dataset(30, seed=2, config=WordProblemsConfig(worked_example="one_step"))
+    for before, row in zip(default, one_step, strict=True):
+        assert {**row, "prompt": None} == {**before, "prompt": None}
+        assert row["prompt"][1:3] == [{"role": "user", "content": problem},
+                                      {"role": "assistant", "content": answer}]  # fmt: skip
+        assert row["prompt"][0] == before["prompt"][0] and row["prompt"][3] == before["prompt"][3]
+
+
+@pytest.mark.parametrize("wrong", ["short", 1, None])
+def test_an_unknown_worked_example_is_refused_by_name(wrong):
+    with pytest.raises(ValueError, match="worked_example: got .*allowed: true, false, story"):
+        WordProblemsConfig(worked_example=wrong)

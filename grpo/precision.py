@@ -214,18 +214,23 @@ _CASTS = WeakIdKeyDictionary()
 
 def cast_once(weight: Tensor, dtype: torch.dtype) -> Tensor:
     """`weight` in `dtype` (detached), cast again only once the weight has changed in place
-    since (an optimizer step, a loaded checkpoint: its version counter moved), or `weight`
-    itself when it is already in `dtype`. For a weight that several passes read between two
-    updates, as the folded output layer's is by every micro-batch of a step and, frozen, by
-    every step: one cast where each pass would make its own. Holds one cast per weight (a
-    bfloat16 copy of Gemma 3's 262,144 x 640 output layer is 320 MiB)."""
+    since (an optimizer step, a loaded checkpoint: its version counter moved) or moved to
+    another device, or `weight` itself when it is already in `dtype`. For a weight that
+    several passes read between two updates, as the folded output layer's is by every
+    micro-batch of a step and, frozen, by every step: one cast where each pass would make its
+    own. Holds one cast per weight (a bfloat16 copy of Gemma 3's 262,144 x 640 output layer is
+    320 MiB). A write the version counter does not see (through `.data`, or a fused
+    optimizer's: the trainer moves the counters after each step) is not seen here either."""
     if weight.dtype == dtype:
         return weight
+    version = weight._version
     held = _CASTS.get(weight)
-    if held is not None and held[0] == weight._version and held[1].dtype == dtype:
+    if held is not None and held[0] == version and held[1].dtype == dtype and (
+        held[1].device == weight.device
+    ):
         return held[1]
     cast = weight.detach().to(dtype)
-    _CASTS[weight] = (weight._version, cast)
+    _CASTS[weight] = (version, cast)
     return cast
 
 

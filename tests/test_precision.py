@@ -206,3 +206,5 @@ def test_a_cast_is_made_once_and_again_after_each_change_of_the_weight(foreach):
     layer.load_state_dict({"weight": torch.zeros(16, 8)})
     assert torch.equal(cast_once(layer.weight, torch.bfloat16), torch.zeros(16, 8).bfloat16())
     assert cast_once(layer.weight, torch.float32) is layer.weight
+    layer.to("meta")  # moves the data without moving the version counter
+    assert cast_once(layer.weight, torch.bfloat16).device == torch.device("meta")

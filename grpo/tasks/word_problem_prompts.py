@@ -97,8 +97,8 @@ WORKED_EXAMPLES: dict[str, tuple[str, str]] = {
 
 def check_worked_example(value: Any) -> str | None:
     """The task option `worked_example` as a name of `WORKED_EXAMPLES`, or None for none:
-    true is "story", false is none; anything else a ValueError naming the option."""
-    if value is True or value is False:
+    true is "story", false (or None) is none; anything else a ValueError naming the option."""
+    if value is True or value is False or value is None:
         return "story" if value else None
     if value not in WORKED_EXAMPLES:
         allowed = ", ".join(["true", "false", *WORKED_EXAMPLES])
@@ -106,15 +106,16 @@ def check_worked_example(value: Any) -> str | None:
     return value
 
 
-def messages(problem_text: str, worked_example: str | None = "story", bare: bool = False
+def messages(problem_text: str, worked_example: bool | str | None = "story", bare: bool = False
              ) -> list[dict[str, str]]:  # fmt: skip
-    """The chat prompt: the instruction, the worked example named (none for None), then the
-    problem; `bare`: the problem alone."""
+    """The chat prompt: the instruction, the worked example named (as the task option
+    `worked_example`: none for None or false), then the problem; `bare`: the problem alone."""
     if bare:
         return [{"role": "user", "content": problem_text}]
     turns = [{"role": "system", "content": INSTRUCTION}]
-    if worked_example is not None:
-        problem, answer = WORKED_EXAMPLES[worked_example]
+    example = check_worked_example(worked_example)
+    if example is not None:
+        problem, answer = WORKED_EXAMPLES[example]
         turns += [{"role": "user", "content": problem}, {"role": "assistant", "content": answer}]
     return [*turns, {"role": "user", "content": problem_text}]
 

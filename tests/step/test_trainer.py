@@ -273,3 +273,20 @@ def test_a_scaler_overflow_skips_quietly_and_lowers_the_scale():
     assert metrics["skipped_steps"] == 1.0 and metrics["optimizer_steps"] == 0.0
     assert torch.equal(policy.logits.detach(), start)
     assert scaler.get_scale() == 2.0**99
+
+
+def test_a_fused_optimizer_step_makes_a_cached_cast_of_a_weight_stale():
+    """A fused AdamW writes the weights without moving their version counters; after the
+    trainer's step, cast_once casts the new values (a stale cast would be the old ones)."""
+    from grpo.precision import cast_once
+
+    torch.manual_seed(0)
+    policy = TablePolicy(3, 3)
+    weight = next(iter(policy.get_parameters().values()))
+    before = cast_once(weight, torch.bfloat16).clone()
+    optimizer = torch.optim.AdamW(list(policy.get_parameters().values()), lr=0.5, fused=True)
+    config = GRPOConfig(group_size=4, batch_size=12, entropy_coeff=0.0)
+    trainer = GRPOTrainer(policy, best_arm_reward(3, 3), optimizer, config)
+    trainer.train_step([0, 1, 2])
+    assert not torch.equal(weight.detach().bfloat16(), before)  # the step moved the weight
+    assert torch.equal(cast_once(weight, torch.bfloat16), weight.detach().bfloat16())

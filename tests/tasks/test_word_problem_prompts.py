@@ -3,6 +3,7 @@ mix of them (`train_forms`), and configs/smollm2_math_forms.yaml."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ from grpo.tasks.word_problem_prompts import (
     WORKED_EXAMPLES,
     check_train_forms,
     draw_forms,
+    messages,
 )
 from grpo.tasks.word_problems import (
     EXAMPLE_PROBLEM,
@@ -281,7 +283,21 @@ def test_worked_example_story_is_true_and_one_step_shows_its_own_example():
         assert row["prompt"][0] == before["prompt"][0] and row["prompt"][3] == before["prompt"][3]
 
 
-@pytest.mark.parametrize("wrong", ["short", 1, None])
+@pytest.mark.parametrize("wrong", ["short", 1, 0.5])
 def test_an_unknown_worked_example_is_refused_by_name(wrong):
     with pytest.raises(ValueError, match="worked_example: got .*allowed: true, false, story"):
         WordProblemsConfig(worked_example=wrong)
+
+
+def test_every_spelling_of_worked_example_gives_the_same_prompt_and_config():
+    """messages() reads worked_example as the task option does (true is "story"; false and
+    None are no example), and a config rebuilt from its own fields (dataclasses.replace runs
+    the check again on the stored value) keeps its example."""
+    text = "Ann has 2 pens. Ann buys 4 more pens. How many pens does Ann have now?"
+    assert messages(text, True) == messages(text, "story")
+    assert messages(text, False) == messages(text, None) == messages(text, "story")[:1] + [
+        {"role": "user", "content": text}]  # fmt: skip
+    for value, stored in [(False, None), (True, "story"), ("one_step", "one_step")]:
+        config = WordProblemsConfig(worked_example=value)
+        assert config.worked_example == stored
+        assert dataclasses.replace(config, max_value=90).worked_example == stored

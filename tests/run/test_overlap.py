@@ -143,16 +143,19 @@ def test_a_process_samples_what_a_thread_samples():
 
 
 def test_overlap_changes_the_run_and_max_staleness_0_starts_no_thread():
-    """k = 0 has no producer and no extra thread; k = 1 trains on other samples than k = 0."""
-    before = threading.active_count()
+    """k = 0 has no producer and no extra thread; k = 1 trains on other samples than k = 0.
+    (Threads are compared by identity: one an earlier test left may end during this one.)"""
+    before = set(threading.enumerate())
     sync = _loop(0)
-    seen = []
-    sync.train(after_step=lambda step: seen.append(threading.active_count()))
-    assert sync.producer is None and seen == [before] * 6
+    started = []
+    sync.train(after_step=lambda step: started.append(set(threading.enumerate()) - before))
+    assert sync.producer is None and started == [set()] * 6
     overlapped = _loop(1)
-    overlapped.train()
+    during = []
+    overlapped.train(after_step=lambda step: during.append(set(threading.enumerate()) - before))
+    assert overlapped.producer is not None and during[0]  # the producer's thread ran
     assert not torch.equal(sync.trainer.policy.logits, overlapped.trainer.policy.logits)
-    assert threading.active_count() == before  # the producer's thread ended with the run
+    assert not set(threading.enumerate()) - before  # the producer's thread ended with the run
 
 
 def test_settings_overlap_cannot_serve_are_refused_by_name():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ import gpu_results  # noqa: E402
 import loss_phase  # noqa: E402
 import output_layer_precision  # noqa: E402
 import roofline_results  # noqa: E402
+import step_before_after  # noqa: E402
 import word_problem_results  # noqa: E402
 import word_problem_seeds  # noqa: E402
 from provenance import (  # noqa: E402
@@ -193,6 +195,18 @@ def _table_and_note(records: dict, module, name: str) -> str:
     return table_and_note(module.table, module.note, results) + "\n\n" + source(records[name])
 
 
+def step_change(records: dict) -> str:
+    """bench/step_before_after.py's phases at two commits, then the word-problem config's
+    held-out accuracy (3 seeds) measured at the after commit's code."""
+    step, seeds = records["step_before_after"], records["smollm2_math"]
+    accuracy = (f"`configs/smollm2_math.yaml` after the change, held-out greedy accuracy: "
+                f"{word_problem_seeds.summary(seeds)}; median step "
+                f"{statistics.median(r['median_step_seconds'] for r in seeds['results']['runs']):.1f} s "
+                "(the median of the seeds' medians; per seed in word_problems.md).")  # fmt: skip
+    return (table_and_note(step_before_after.table, step_before_after.note, step["results"])
+            + "\n\n" + accuracy + "\n\n" + source(step, seeds))
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
@@ -235,6 +249,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
             ("loss-packing-gemma", "loss_packing_gemma"),
         )
     },
+    "step-before-after": step_change,
     "output-layer-precision": functools.partial(
         _table_and_note, module=output_layer_precision, name="output_layer_precision"
     ),

@@ -28,7 +28,8 @@ def _gib(nbytes: float | None) -> str:
 
 
 def _n(count: float, noun: str) -> str:
-    return f"{count:g} {noun}{'' if count == 1 else 's'}"
+    """A count and its noun; a mean over steps to one decimal (29.3 rows)."""
+    return f"{round(count, 1):g} {noun}{'' if count == 1 else 's'}"
 
 
 def table(results: dict) -> str:
@@ -117,7 +118,7 @@ def runs_table(runs: Sequence[tuple[str, dict]]) -> list[str]:
             f"{_gib(results.get('rss_after_warmup_bytes'))} | "
             f"{tokens['sampled_groups']:g} x {tokens['prompt_tokens_mean']:.1f} | "
             f"{tokens['completions']:g} x {tokens['completion_tokens_mean']:.1f} | "
-            f"{tokens['loss_rows']:g} |"
+            f"{round(tokens['loss_rows'], 1):g} |"
         )
     return lines
 

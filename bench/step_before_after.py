@@ -7,9 +7,10 @@ Each commit is checked out in a temporary git worktree, and that commit's `bench
 runs in it on the config (its untimed warm-up step, then `--steps` timed ones), in turns:
 before, after, before, after (`--rounds` pairs), so that a machine whose speed drifts during
 the sitting weighs on both alike. Each commit's run samples its own completions (a change of
-rounding changes what is drawn), so the work of a step differs a little between them: the
-ratio compares seconds per GFLOP of each phase (seconds for the optimizer, whose work is the
-same), pair by pair, with the median of the pairs. Both commits need `bench/roofline.py`
+rounding changes what is drawn), so their lengths differ a little between them: the ratio
+compares seconds per completion token sampled (seconds for the optimizer, whose work is the
+same), pair by pair, with the median of the pairs. Not per FLOP counted: a change that stops
+computing padding lowers the count it is measured by. Both commits need `bench/roofline.py`
 with this command line, and the model folders the config names.
 """
 
@@ -66,21 +67,24 @@ def roofline_in(tree: Path, config: str, steps: int) -> dict[str, Any]:
 
 
 def phase_rows(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A roofline's phases by key: name, seconds and GFLOP a step (None where not counted)."""
+    """A roofline's phases by key: name, seconds and GFLOP a step (None where not counted),
+    and the completion tokens sampled a step."""
+    tokens = results["tokens_per_step"]
+    sampled = tokens["completions"] * tokens["completion_tokens_mean"]
     rows = {}
     for r in results["phases"]:
         flops = r.get("flops")
-        rows[r["phase"]] = {"name": r["name"], "seconds": r["seconds"],
+        rows[r["phase"]] = {"name": r["name"], "seconds": r["seconds"], "tokens": sampled,
                             "gflop": None if flops is None else flops / 1e9}  # fmt: skip
     return rows
 
 
-def pair_ratio(before: dict[str, Any], after: dict[str, Any]) -> float:
-    """After over before of one phase: seconds per GFLOP where both counted the work, else
-    seconds."""
-    if before["gflop"] and after["gflop"]:
-        return (after["seconds"] / after["gflop"]) / (before["seconds"] / before["gflop"])
-    return after["seconds"] / before["seconds"]
+def pair_ratio(before: dict[str, Any], after: dict[str, Any], key: str) -> float:
+    """After over before of one phase: seconds per completion token sampled, or seconds for
+    the optimizer (whose work does not depend on the tokens)."""
+    if key == "optimizer":
+        return after["seconds"] / before["seconds"]
+    return (after["seconds"] / after["tokens"]) / (before["seconds"] / before["tokens"])
 
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -91,7 +95,7 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         after = [phase_rows(r)[key] for r in runs["after"] if key in phase_rows(r)]
         if not before or len(before) != len(after):
             continue
-        ratios = [pair_ratio(b, a) for b, a in zip(before, after, strict=True)]
+        ratios = [pair_ratio(b, a, key) for b, a in zip(before, after, strict=True)]
         phases[key] = {"name": before[0]["name"], "before": before, "after": after,
                        "ratios": ratios, "median_ratio": statistics.median(ratios)}  # fmt: skip
     return phases
@@ -125,15 +129,17 @@ def _seconds(rows: list[dict[str, Any]]) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = ["| phase | before s/step (each run) | after s/step (each run) | GFLOP/step before, "
-             "after (first run) | after / before (each pair) | after / before (median) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| phase | before s/step (each run) | after s/step (each run) | completion tokens "
+             "a step, before, after (first run) | GFLOP/step before, after (first run) | "
+             "after / before (each pair) | after / before (median) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for phase in results["phases"].values():
         b, a = phase["before"][0]["gflop"], phase["after"][0]["gflop"]
         work = "-" if b is None or a is None else f"{b:.0f}, {a:.0f}"
+        tokens = f"{phase['before'][0]['tokens']:.0f}, {phase['after'][0]['tokens']:.0f}"
         ratios = ", ".join(f"{x:.2f}" for x in phase["ratios"])
         lines.append(f"| {phase['name']} | {_seconds(phase['before'])} | "
-                     f"{_seconds(phase['after'])} | {work} | {ratios} | "
+                     f"{_seconds(phase['after'])} | {tokens} | {work} | {ratios} | "
                      f"{phase['median_ratio']:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -146,10 +152,10 @@ def note(results: dict[str, Any]) -> str:
     return (
         f"`bench/roofline.py {results['config']}` at commit {commits['before'][:7]} (before) "
         f"and {commits['after'][:7]} (after), each in its own checkout, in turns (before, "
-        f"after) for {results['rounds']} pairs; each run one untimed step, then the mean of "
+        f"after), {results['rounds']} of each; each run one untimed step, then the mean of "
         f"{results['steps']} steps. Each run samples its own completions, so the ratio is of "
-        "seconds per GFLOP of the phase's counted work (of seconds for the optimizer): below "
-        "1, the after commit is faster. The bfloat16 matrix-product peak each run measured "
+        "seconds per completion token sampled (of seconds for the optimizer): below 1, the "
+        "after commit is faster. GFLOP counts the work each phase ran, padding included. The bfloat16 matrix-product peak each run measured "
         f"(GFLOP/s), a gauge of the machine's speed at the time: {peaks}."
     )
 

@@ -303,8 +303,7 @@ class GRPOTrainer:
                 self.optimizer.step()
             else:
                 scaler.step(self.optimizer)  # unscaled already: steps with the true gradient
-            # a fused optimizer writes the weights without moving their version counters,
-            # which say when a cached cast (grpo.precision.cast_once) must be made again
+            # fused optimizers leave version counters, which cast_once reads, unmoved
             torch.autograd.graph.increment_version(params)
             totals["grad_norm_sum"] += grad_norm
             totals["optimizer_steps"] += 1

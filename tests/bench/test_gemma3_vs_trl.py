@@ -21,8 +21,8 @@ from grpo.lm.prompt_forms import PLAIN_STOP, plain_text  # noqa: E402
 
 MAX_NEW = 32
 GEMMA3_TRL = {  # TRL's GRPOConfig field -> its value for configs/gemma3_math.yaml
-    "num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
-    "steps_per_generation": 4, "num_iterations": 1, "max_steps": 64, "learning_rate": 4e-6,
+    "num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
+    "steps_per_generation": 8, "num_iterations": 1, "max_steps": 64, "learning_rate": 4e-6,
     "lr_scheduler_type": "constant", "beta": 0.0, "max_completion_length": 64,
     "temperature": 1.0, "top_p": 1.0, "top_k": 0, "loss_type": "dapo", "scale_rewards": "batch",
     "gradient_checkpointing": False,
@@ -47,7 +47,7 @@ def cut_after_stop(ids: list[int], tokenizer) -> int | None:
 
 
 def test_trl_gets_the_gemma3_configs_settings(answering_gemma3, tmp_path):
-    """configs/gemma3_math.yaml maps to TRL's G 8 over B 4 (32 rows in 4 micro-batches of 8, one
+    """configs/gemma3_math.yaml maps to TRL's G 8 over B 8 (64 rows in 8 micro-batches of 8, one
     optimizer step per generation), 64 steps at 4e-6, beta 0, 64 new tokens at temperature 1.0
     with no top-p / top-k, the token-mean loss ("dapo"), batch-scaled rewards, no checkpointing.
     Only model.path is changed (to the tiny model), so no fetched model is read."""

@@ -16,11 +16,15 @@ gemma` first): a base model asked word problems as plain "Question: ...\\nAnswer
 generation ending at "\\nQuestion:", its tied embedding frozen (`model.freeze`). TRL gets
 the same str prompts (no chat template), the same stop string (which TRL 1.16 has no
 setting for: `bench/trl_stops.py`), the same frozen parameters, precision and settings;
-where it still differs is listed in `bench/accuracy_workers.py`. Three seeds each of its
-64 steps, evaluated every 16 steps on the three held-out splits of 200 problems:
+where it still differs is listed in `bench/accuracy_workers.py`. grpo's three seeds come
+from the runs of `bench/train_seeds.py` that made the record `gemma3_math` (evaluated at steps
+0, 32 and 64 on the three held-out splits of 200 problems); TRL runs one seed of the same 64
+steps, evaluated at the same steps:
 
-    python bench/time_to_accuracy.py --workload gemma3 --eval-every 16 --record gemma3_vs_trl \\
-        --png gemma3_vs_trl.png
+    python bench/time_to_accuracy.py --workload gemma3 --libraries trl --seeds 1 \\
+        --eval-every 32 --grpo-run runs/bench/gemma3_math/seed-0 \\
+        --grpo-run runs/bench/gemma3_math/seed-1 --grpo-run runs/bench/gemma3_math/seed-2 \\
+        --record gemma3_vs_trl
 
 The chess workload compares held-out greedy reward rather than accuracy (the task has
 none): "accuracy" below then means that reward. `--record NAME` writes the records and

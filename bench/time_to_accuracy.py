@@ -18,11 +18,12 @@ the same str prompts (no chat template), the same stop string (which TRL 1.16 ha
 setting for: `bench/trl_stops.py`), the same frozen parameters, precision and settings;
 where it still differs is listed in `bench/accuracy_workers.py`. grpo's three seeds come
 from the runs of `bench/train_seeds.py` that made the record `gemma3_math` (evaluated at steps
-0, 32 and 64 on the three held-out splits of 200 problems); TRL runs one seed of the same 64
-steps, evaluated at the same steps:
+0, 32 and 64 on the three held-out splits of 200 problems). TRL runs one seed of the same
+constant-rate schedule for 8 steps, evaluated at steps 0 and 8: a TRL step takes minutes
+here, and 8 of them train longer than grpo's 64 do (the record has both times):
 
     python bench/time_to_accuracy.py --workload gemma3 --libraries trl --seeds 1 \\
-        --eval-every 32 --grpo-run runs/bench/gemma3_math/seed-0 \\
+        --trl-steps 8 --eval-every 8 --grpo-run runs/bench/gemma3_math/seed-0 \\
         --grpo-run runs/bench/gemma3_math/seed-1 --grpo-run runs/bench/gemma3_math/seed-2 \\
         --record gemma3_vs_trl
 

@@ -297,6 +297,29 @@ def test_the_summary_of_a_trl_comparison_gives_each_librarys_steps():
         "figure in 0.50x TRL's training time")
 
 
+def test_a_trl_comparison_where_trl_did_not_improve_compares_equal_training_time(monkeypatch):
+    """TRL went from 8 % to 6 %: both libraries "reach" 6 % at 0 s, so no time is shown (not a
+    0 s that reads as instant), and the accuracies after equal training time are given instead."""
+    summary = {
+        "grpo": {"steps": 64, "seconds_per_step": 17.0, "seconds": 1100.0, "final_accuracy": 0.38,
+                 "finals": [0.38], "time_to_trl_final": 0.0, "peak_rss_gib": 8.0,
+                 "accuracy_at": {"0.25": 0.08, "0.5": 0.26, "1": 0.38}},
+        "trl": {"steps": 8, "seconds_per_step": 250.0, "seconds": 2000.0, "final_accuracy": 0.06,
+                "finals": [0.06], "time_to_trl_final": 0.0, "peak_rss_gib": 10.0,
+                "accuracy_at": {"0.25": 0.08, "0.5": 0.08, "1": 0.06}},
+        "trl_start": 0.08, "ratio_to_trl_run": None,
+    }  # fmt: skip
+    record = {"results": {"summary": summary}}
+    monkeypatch.setattr(render_results, "source", lambda *records: "")  # no provenance here
+    assert render_results._vs_trl(record) == (
+        "grpo 64 steps, TRL 8: a grpo step takes 0.07x a TRL step; TRL ended no higher than it "
+        "started; after TRL's training time grpo's figure is 0.38, TRL's 0.06")
+    rows, text = render_results.trl_comparison("x")({"x": record}).split("\n\n")[:2]
+    assert "| 0 s |" not in rows and rows.count("| - |") == 2
+    assert "TRL ended no higher than it started (8.0 %)" in text
+    assert "all of TRL's 2000 s of training: grpo 8.0 % / 26.0 % / 38.0 %, TRL 8.0 % / 8.0 % / 6.0 %" in text
+
+
 def test_the_summary_of_word_problem_seeds_gives_each_splits_change_from_each_seeds_start():
     """Seed 0 goes 30 -> 40 % on new numbers and 10 -> 20 % on the bare question, seed 1
     (starting elsewhere) 20 -> 40 % and 20 -> 20 %: mean changes +15.0 (s.d. 7.1 = 5 sqrt 2)

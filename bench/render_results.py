@@ -97,35 +97,32 @@ def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]
     def render(records: dict) -> str:
         record = records[name]
         summary = record["results"]["summary"]
+        ratio = summary["ratio_to_trl_run"]  # None: TRL ended no higher than it started
         rows = [f"| library | steps | s/step | training time | final held-out {figure}, median "
                 f"(per seed) | time to TRL's final {figure} | peak RSS |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
         for lib in ("grpo", "trl"):
             s = summary[lib]
             finals = ", ".join(each(a) for a in s["finals"])
-            reach = s.get("time_to_trl_final")
-            reach = "never" if reach in (None, float("inf")) else f"{reach:.0f} s"
-            reach = "-" if summary.get("ratio_to_trl_run") is None else reach
+            reach = s["time_to_trl_final"]
+            reach = "-" if ratio is None else "never" if reach == float("inf") else f"{reach:.0f} s"
             label = "grpo" if lib == "grpo" else "TRL"
             rows.append(f"| {label} | {s['steps']} | {s['seconds_per_step']:.3f} s | "
                         f"{s['seconds']:.0f} s | {shown(s['final_accuracy'])} ({finals}) | "
                         f"{reach} | {s['peak_rss_gib']:.2f} GiB |")  # fmt: skip
-        ratio = summary.get("ratio_to_trl_run")
         grpo, trl = summary["grpo"], summary["trl"]
         text = [f"A grpo step takes {grpo['seconds_per_step'] / trl['seconds_per_step']:.2f}x a TRL "
                 f"step, at {grpo['peak_rss_gib'] / trl['peak_rss_gib']:.2f}x its peak memory."]
         if ratio is None:
-            start = f" ({shown(summary['trl_start'])})" if "trl_start" in summary else ""
-            text.append(f"TRL ended no higher than it started{start}, so there is no time to its "
-                        f"final {figure} to compare.")  # fmt: skip
+            text.append(f"TRL ended no higher than it started ({shown(summary['trl_start'])}), so "
+                        f"there is no time to its final {figure} to compare.")  # fmt: skip
         else:
             text.append(f"grpo reaches TRL's final {figure} in {ratio:.2f}x TRL's whole training "
                         "time.")  # fmt: skip
-        if "accuracy_at" in grpo and "accuracy_at" in trl:
-            at = {lib: " / ".join(shown(a) for a in s["accuracy_at"].values())
-                  for lib, s in (("grpo", grpo), ("TRL", trl))}  # fmt: skip
-            text.append(f"After a quarter, half and all of TRL's {trl['seconds']:.0f} s of "
-                        f"training: grpo {at['grpo']}, TRL {at['TRL']}.")  # fmt: skip
+        at = {lib: " / ".join(shown(a) for a in s["accuracy_at"].values())
+              for lib, s in (("grpo", grpo), ("TRL", trl))}  # fmt: skip
+        text.append(f"After a quarter, half and all of TRL's {trl['seconds']:.0f} s of "
+                    f"training: grpo {at['grpo']}, TRL {at['TRL']}.")  # fmt: skip
         flagged = [f"{name} {f}" for lib, name in (("grpo", "grpo"), ("trl", "TRL"))
                    for f in summary[lib].get("flagged", [])]  # fmt: skip
         if flagged:
@@ -157,10 +154,9 @@ def _vs_trl(record: dict) -> str:
     ratio = s.get("ratio_to_trl_run")
     reach = ("TRL ended no higher than it started" if ratio is None else
              f"grpo reaches TRL's final figure in {ratio:.2f}x TRL's training time")  # fmt: skip
-    if ratio is None and "accuracy_at" in s["grpo"]:
-        figure = lambda lib: s[lib]["accuracy_at"]["1"]  # noqa: E731
-        reach += (f"; after TRL's training time grpo's figure is {figure('grpo'):.3g}, "
-                  f"TRL's {figure('trl'):.3g}")  # fmt: skip
+    if ratio is None:
+        grpo_at, trl_at = (s[lib]["accuracy_at"]["1"] for lib in ("grpo", "trl"))
+        reach += f"; after TRL's training time grpo's figure is {grpo_at:.3g}, TRL's {trl_at:.3g}"
     steps = f"grpo {s['grpo']['steps']} steps, TRL {s['trl']['steps']}"
     return f"{steps}: a grpo step takes {step:.2f}x a TRL step; {reach}"
 

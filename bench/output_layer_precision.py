@@ -150,12 +150,10 @@ def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[
 
     print(table_and_note(table, note, results))
     if args.record:
-        from records import RESULTS, write_record
+        from records import RESULTS, write_script_record
 
-        argv = sys.argv[1:] if argv is None else list(argv)
-        written = write_record(args.record, results, DEPENDS,
-                               ["bench/output_layer_precision.py", *argv], folder or RESULTS)  # fmt: skip
-        print(f"wrote {written}")
+        script = "bench/output_layer_precision.py"
+        write_script_record(args.record, results, DEPENDS, script, argv, folder or RESULTS)
     return results
 
 

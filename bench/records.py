@@ -212,7 +212,14 @@ def write_config_record(name: str, results: dict, config: str, scripts: list[str
     path = Path(config).resolve()
     inside = [path.relative_to(REPO).as_posix()] if path.is_relative_to(REPO) else []
     depends = [*TRAINING_PATH, "grpo/tasks", *inside, *scripts]
-    shown = None if argv is None else [scripts[0], *argv]
+    return write_script_record(name, results, depends, scripts[0], argv, folder)
+
+
+def write_script_record(name: str, results: dict, depends: list[str], script: str,
+                        argv: list[str] | None, folder: Path = RESULTS) -> Path:  # fmt: skip
+    """`write_record` for the benchmark `script` run with the arguments `argv` (None: this
+    process's), printing where it wrote."""
+    shown = [script, *(sys.argv[1:] if argv is None else argv)]
     written = write_record(name, results, depends, shown, folder)
     print(f"wrote {written}")
     return written

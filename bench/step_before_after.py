@@ -89,10 +89,11 @@ def pair_ratio(before: dict[str, Any], after: dict[str, Any], key: str) -> float
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per phase: each run's seconds and GFLOP, each pair's ratio and their median."""
+    rows = {side: [phase_rows(r) for r in side_runs] for side, side_runs in runs.items()}
     phases = {}
     for key in PHASES:
-        before = [phase_rows(r)[key] for r in runs["before"] if key in phase_rows(r)]
-        after = [phase_rows(r)[key] for r in runs["after"] if key in phase_rows(r)]
+        before = [r[key] for r in rows["before"] if key in r]
+        after = [r[key] for r in rows["after"] if key in r]
         if not before or len(before) != len(after):
             continue
         ratios = [pair_ratio(b, a, key) for b, a in zip(before, after, strict=True)]
@@ -167,12 +168,10 @@ def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[
 
     print(table_and_note(table, note, results))
     if args.record:
-        from records import RESULTS, write_record
+        from records import RESULTS, write_script_record
 
-        argv = sys.argv[1:] if argv is None else list(argv)
-        written = write_record(args.record, results, ["bench/step_before_after.py"],
-                               ["bench/step_before_after.py", *argv], folder or RESULTS)  # fmt: skip
-        print(f"wrote {written}")
+        script = "bench/step_before_after.py"
+        write_script_record(args.record, results, [script], script, argv, folder or RESULTS)
     return results
 
 

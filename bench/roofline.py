@@ -192,6 +192,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from grpo.run.train import build_loop, close_policy, seed_everything
     from grpo.step.timing import StepTimer
 
+    load = load_average()  # before this run adds its own
     config = load_config(args.config, [*args.set, "task.eval_size=0"])  # no evaluation runs
     if config.run.max_staleness:
         raise SystemExit(f"run.max_staleness: got {config.run.max_staleness}; allowed: 0 (an "
@@ -221,7 +222,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 loop.train_step()
             adam = state_bytes(trainer.optimizer)  # allocated by the warm-up's optimizer step
             resident = status_bytes("VmRSS") if memory.available else None
-            load, cpu, wall = load_average(), time.process_time(), time.perf_counter()
+            cpu, wall = time.process_time(), time.perf_counter()
             steps = []
             for _ in range(args.steps):
                 log.clear()

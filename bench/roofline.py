@@ -16,9 +16,11 @@ with, for each phase, means per step:
   the step's own batch (`bench/roofline_counts.py` says what is counted and what is not);
 - the limit: the larger of FLOPs at the peak matrix-product rate of the dtype the phase
   multiplies in and bytes at the peak memory bandwidth. Both peaks are measured in this
-  process, at the run's thread count, before the steps: a GEMM of the model's MLP shape,
-  (--gemm-rows, H) @ (H, I), in float32 and in bfloat16, best of --repeats; a copy and a sum
-  of a --bandwidth-mib tensor, the faster of the two;
+  process, at the run's thread count, before the steps and again after each measured step:
+  a GEMM of the model's MLP shape, (--gemm-rows, H) @ (H, I), in float32 and in bfloat16, best
+  of --repeats; a copy and a sum of a --bandwidth-mib tensor, the faster of the two. The limit
+  takes the fastest of these measurements (`roofline_peaks.best_peaks`), and the record keeps
+  every one's product rate: a shared machine's speed moves from minute to minute;
 - "x of the limit": measured time / limit; 1 would be the hardware's limit;
 - the peak resident memory (RSS) while the phase ran, the largest of the measured steps
   (`bench/roofline_memory.py`: the kernel's high-water mark, reset at each phase boundary).
@@ -58,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import roofline_counts as rc  # noqa: E402
 from roofline_calls import CallLog  # noqa: E402
 from roofline_memory import PhasePeaks, status_bytes  # noqa: E402
-from roofline_peaks import measure_peaks  # noqa: E402
+from roofline_peaks import best_peaks, measure_peaks  # noqa: E402
 from roofline_results import PHASES, table  # noqa: E402
 
 DEFAULT_CONFIG = "configs/smollm2_math.yaml"
@@ -213,7 +215,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             dtypes = phase_dtypes(policy)
             used = sorted({dtypes["sampling"], dtypes["scoring"], *PEAK_DTYPES})
             mlp = (args.gemm_rows, shape.hidden, shape.intermediate)  # (tokens, H) @ (H, I)
-            peaks = measure_peaks(used, mlp, args.bandwidth_mib, args.repeats)
+            peak_samples = [measure_peaks(used, mlp, args.bandwidth_mib, args.repeats)]
             log = CallLog(policy)
             trainable = [p for p in policy.get_parameters().values() if p.requires_grad]
             count, param_bytes = sum(p.numel() for p in trainable), trainable[0].element_size()
@@ -236,7 +238,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     entry["peak_rss_bytes"] = memory.peak(phase)
                 steps.append({"phases": work, "tokens": _tokens(log),
                               "time/step": metrics["time/step"]})  # fmt: skip
+                peak_samples.append(measure_peaks(used, mlp, args.bandwidth_mib, args.repeats))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            peaks = best_peaks(peak_samples)
     finally:
         close_policy(parts.policy)
     threads = torch.get_num_threads()

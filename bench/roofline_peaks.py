@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["bandwidth", "gemm_rate", "measure_peaks"]
+__all__ = ["bandwidth", "best_peaks", "gemm_rate", "measure_peaks"]
 
 
 def gemm_rate(dtype: str, m: int, k: int, n: int, repeats: int) -> dict[str, Any]:
@@ -63,3 +63,19 @@ def measure_peaks(dtypes: Sequence[str], shape: tuple[int, int, int], mib: int,
     matmul = {d: gemm_rate(d, *shape, repeats) for d in dtypes}
     return {"threads": torch.get_num_threads(), "matmul": matmul,
             "memory": bandwidth(mib, repeats)}  # fmt: skip
+
+
+def best_peaks(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several `measure_peaks` of one run -> the fastest each showed: per dtype the fastest
+    product, the fastest memory, and every sample's product rate (`matmul_rates`, FLOP/s in
+    order). A limit is the least time the work could take, so it is set by the fastest the
+    machine ran; a shared machine's rate moves within a run (a second thread on the same
+    physical core halves a matrix unit's), and the rates show by how much."""
+    if not samples:
+        raise ValueError("best_peaks: got no samples; measure the peaks at least once")
+    dtypes = samples[0]["matmul"]
+    return {"threads": samples[0]["threads"], "samples": len(samples),
+            "matmul": {d: max((s["matmul"][d] for s in samples), key=lambda p: p["flops_per_s"])
+                       for d in dtypes},
+            "matmul_rates": {d: [s["matmul"][d]["flops_per_s"] for s in samples] for d in dtypes},
+            "memory": max((s["memory"] for s in samples), key=lambda m: m["bytes_per_s"])}  # fmt: skip

@@ -275,6 +275,27 @@ def test_float32_and_bfloat16_matmul_rates_are_measured_apart():
     assert memory["bytes_per_s"] == max(memory["copy_bytes_per_s"], memory["sum_bytes_per_s"]) > 0
 
 
+def test_the_limit_takes_the_fastest_of_each_peak_over_the_samples_independently():
+    """Three samples where a different one is fastest for each: bfloat16 from the second,
+    float32 from the third, memory from the first; every sample's product rate is kept in
+    order, and no sample is refused."""
+
+    def sample(bf16: float, fp32: float, memory: float) -> dict:
+        return {"threads": 2, "memory": {"bytes_per_s": memory, "mib": 1},
+                "matmul": {"bfloat16": {"flops_per_s": bf16}, "float32": {"flops_per_s": fp32}}}
+
+    peaks = roofline_peaks.best_peaks([sample(1e12, 2e11, 3e10), sample(2e12, 1e11, 2e10),
+                                       sample(1.5e12, 3e11, 1e10)])  # fmt: skip
+    assert peaks["matmul"]["bfloat16"]["flops_per_s"] == 2e12
+    assert peaks["matmul"]["float32"]["flops_per_s"] == 3e11
+    assert peaks["memory"]["bytes_per_s"] == 3e10
+    assert peaks["matmul_rates"] == {"bfloat16": [1e12, 2e12, 1.5e12],
+                                     "float32": [2e11, 1e11, 3e11]}  # fmt: skip
+    assert (peaks["samples"], peaks["threads"]) == (3, 2)
+    with pytest.raises(ValueError, match="best_peaks: got no samples"):
+        roofline_peaks.best_peaks([])
+
+
 def test_phase_rows_divide_each_phase_by_its_own_limit():
     """Sampling: 2 GFLOP at 1 GFLOP/s (bfloat16) and 1 GB at 1 GB/s -> limit 2 s, 4 s measured
     is 2x; the loss: 3 GFLOP at 3 GFLOP/s (float32) -> 1 s, 5 s is 5x; the optimizer: 0.5 GB ->
@@ -345,6 +366,8 @@ def test_two_steps_of_the_demo_make_the_table_and_a_rendered_record(tmp_path, mo
     assert results["batch"] == {"prompts": 2, "group_size": 2, "max_new_tokens": 5,
                                 "micro_batch_size": 4}  # fmt: skip
     assert set(results["peaks"]["matmul"]) == {"float32", "bfloat16"}
+    assert results["peaks"]["samples"] == 2  # before the steps and after the measured one
+    assert len(results["peaks"]["matmul_rates"]["bfloat16"]) == 2
     sampling = results["phases"][0]
     assert sampling["flops"] > 0 and sampling["bytes"] > 0 and sampling["dtype"] == "float32"
     table = roofline_results.table(results).splitlines()

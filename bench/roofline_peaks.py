@@ -69,8 +69,8 @@ def best_peaks(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Several `measure_peaks` of one run -> the fastest each showed: per dtype the fastest
     product, the fastest memory, and every sample's product rate (`matmul_rates`, FLOP/s in
     order). A limit is the least time the work could take, so it is set by the fastest the
-    machine ran; a shared machine's rate moves within a run (a second thread on the same
-    physical core halves a matrix unit's), and the rates show by how much."""
+    machine ran; a shared virtual machine's rate moves within a run, and the rates show by
+    how much."""
     if not samples:
         raise ValueError("best_peaks: got no samples; measure the peaks at least once")
     dtypes = samples[0]["matmul"]

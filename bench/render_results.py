@@ -151,12 +151,13 @@ def _before_after(record: dict, key: str, shown: Callable[[float], str]) -> str:
 def _vs_trl(record: dict) -> str:
     s = record["results"]["summary"]
     step = s["grpo"]["seconds_per_step"] / s["trl"]["seconds_per_step"]
-    ratio = s.get("ratio_to_trl_run")
-    reach = ("TRL ended no higher than it started" if ratio is None else
-             f"grpo reaches TRL's final figure in {ratio:.2f}x TRL's training time")  # fmt: skip
+    ratio = s["ratio_to_trl_run"]  # None: TRL ended no higher than it started
     if ratio is None:
         grpo_at, trl_at = (s[lib]["accuracy_at"]["1"] for lib in ("grpo", "trl"))
-        reach += f"; after TRL's training time grpo's figure is {grpo_at:.3g}, TRL's {trl_at:.3g}"
+        reach = ("TRL ended no higher than it started; after TRL's training time grpo's figure "
+                 f"is {grpo_at:.3g}, TRL's {trl_at:.3g}")  # fmt: skip
+    else:
+        reach = f"grpo reaches TRL's final figure in {ratio:.2f}x TRL's training time"
     steps = f"grpo {s['grpo']['steps']} steps, TRL {s['trl']['steps']}"
     return f"{steps}: a grpo step takes {step:.2f}x a TRL step; {reach}"
 

@@ -237,6 +237,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "roofline-gemma": functools.partial(
         roofline_results.render, source=source, name="roofline_gemma"
     ),
+    "roofline-float32": functools.partial(
+        roofline_results.render, source=source, name="roofline_float32"
+    ),
     "roofline-models": functools.partial(
         roofline_results.compare,
         source=source,

@@ -51,15 +51,19 @@ def table(results: dict) -> str:
     m, k, n = next(iter(peaks["matmul"].values()))["shape"]
     memory = peaks["memory"]
     sets = "".join(f" --set {s}" for s in results["overrides"])
-    bf16 = [rate / 1e9 for rate in peaks["matmul_rates"]["bfloat16"]]
+    used = sorted({r.get("dtype") for r in results["phases"]} & peaks["matmul_rates"].keys())
+    ranges = " ".join(
+        f"The {dtype} product measured between {min(rates) / 1e9:.0f} and "
+        f"{max(rates) / 1e9:.0f} GFLOP/s over the run."
+        for dtype, rates in ((d, peaks["matmul_rates"][d]) for d in used)
+    )
     notes = [
         f"Peaks measured in the same process at {_n(peaks['threads'], 'thread')}, the fastest "
         f"of {peaks['samples']} measurements (before the steps and after each): a ({m}, {k}) "
         f"@ ({k}, {n}) matrix product (the model's MLP shape), {gemm}; memory "
         f"{memory['bytes_per_s'] / 1e9:.1f} GB/s (a {memory['mib']} MiB copy "
         f"{memory['copy_bytes_per_s'] / 1e9:.1f}, a sum {memory['sum_bytes_per_s'] / 1e9:.1f}). "
-        f"The bfloat16 product measured between {min(bf16):.0f} and {max(bf16):.0f} GFLOP/s "
-        "over the run.",
+        f"{ranges}",
         f"Means over {_n(results['steps'], 'step')} after {results['warmup_steps']} untimed of "
         f"`{results['config']}{sets}` ({model['model_type']}, {model['matmul_params'] / 1e6:.0f}M "
         f"weights in matrix products); per step {_n(tokens['sampled_groups'], 'prompt')} of "

@@ -370,7 +370,12 @@ def test_two_steps_of_the_demo_make_the_table_and_a_rendered_record(tmp_path, mo
     assert len(results["peaks"]["matmul_rates"]["bfloat16"]) == 2
     sampling = results["phases"][0]
     assert sampling["flops"] > 0 and sampling["bytes"] > 0 and sampling["dtype"] == "float32"
-    table = roofline_results.table(results).splitlines()
+    text = roofline_results.table(results)
+    # the rate's range is given for the dtype the phases multiply in, float32 here
+    low, high = (f"{f(results['peaks']['matmul_rates']['float32']) / 1e9:.0f}" for f in (min, max))
+    assert f"The float32 product measured between {low} and {high} GFLOP/s" in text
+    assert "The bfloat16 product measured" not in text
+    table = text.splitlines()
     assert table[0].startswith("| phase |") and len(table[0].split("|")) == 12
     assert [line.split("|")[1].strip() for line in table[2:6]] == [
         "sampling (decoding)", "loss forward + backward", "optimizer (clip + AdamW)",

@@ -190,8 +190,10 @@ def test_a_stale_rollout_always_recomputes_pi_old_and_equals_the_fresh_update(ti
     fresh, fresh_passes, *_ = _update_from_rollout(_policy(tiny_lm_dir), "none")
     stale, stale_passes, metrics, *_ = _update_from_rollout(_policy(tiny_lm_dir), "scored")
     assert fresh_passes == 0 and stale_passes >= 1
-    assert metrics["importance_weight/mean"] == 1.0  # π_old / π_sampler exactly 1
-    assert metrics["rollout/logprob_gap_max"] == 0.0  # the sampler is π_old
+    # the sampler is π_old, to float32 rounding: the trainer scores only the rows that train,
+    # in batches of another size, and a CPU's matrix kernels may round a row differently there
+    assert metrics["rollout/logprob_gap_max"] <= 1e-5
+    assert metrics["importance_weight/mean"] == pytest.approx(1.0, abs=1e-5)
     for name in fresh:
         torch.testing.assert_close(stale[name], fresh[name], rtol=0, atol=1e-6)
 

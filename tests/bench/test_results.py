@@ -339,23 +339,30 @@ def test_the_summary_of_word_problem_seeds_gives_each_splits_change_from_each_se
 
 
 def test_the_demo_on_each_cpu_gives_seed_0s_accuracy_and_every_seeds(monkeypatch):
-    """Two records of the demo's own config, on CPU A (seeds 0-2) and CPU B (seed 0), become a
-    row each, oldest first; a record of the demo with overrides, another experiment, does not."""
+    """Records of the demo as shipped: CPU A's seeds 0-2, CPU B's seed 0 and, joined to CPU A's
+    record later (`--add-to`), CPU B's seed 1 become a row per CPU, each seed under the CPU it
+    ran on; the demo with overrides, another experiment, is left out; no record says so."""
     monkeypatch.setattr(render_results, "source", lambda *records: "SOURCES")
+    a, b = {"cpu": "CPU A", "flags": ["avx2", "avx512f"]}, {"cpu": "CPU B", "flags": ["avx2"]}
 
-    def record(name, date, cpu, flags, finals, overrides=()):
-        runs = [{"seed": seed, "evaluations": [{"step": 0, "eval/greedy/accuracy": 0.306},
-                                               {"step": 1000, "eval/greedy/accuracy": final}]}
-                for seed, final in enumerate(finals)]  # fmt: skip
-        command = f"python bench/train_seeds.py configs/demo.yaml --name {name} --seeds 0"
-        return {"name": name, "command": command, "date": date,
-                "machine": {"cpu": cpu, "flags": flags},
-                "results": {"overrides": list(overrides), "runs": runs}}  # fmt: skip
+    def run(seed, final, **stamp):
+        return {"seed": seed, **stamp, "evaluations": [
+            {"step": 0, "eval/greedy/accuracy": 0.306},
+            {"step": 1000, "eval/greedy/accuracy": final}]}  # fmt: skip
 
-    records = {"b": record("b", "2026-12-07", "CPU B", ["avx2"], [0.874]),
-               "a": record("a", "2026-12-04", "CPU A", ["avx2", "avx512f"], [0.86, 0.858, 0.864]),
-               "c": record("c", "2026-12-05", "CPU C", [], [0.5], overrides=["seed=3"])}
+    def record(name, date, machine, runs, overrides=()):
+        return {"name": name, "date": date, "commit": "c" * 40, "machine": machine,
+                "command": f"python bench/train_seeds.py configs/demo.yaml --name {name}",
+                "results": {"config": "configs/demo.yaml", "overrides": list(overrides),
+                            "runs": runs}}  # fmt: skip
+
+    joined = run(1, 0.842, commit="d" * 40, date="2026-12-08", machine=b)
+    records = {"b": record("b", "2026-12-07", b, [run(0, 0.874)]),
+               "a": record("a", "2026-12-04", a, [run(0, 0.86), run(2, 0.864), run(1, 0.858),
+                                                   joined]),
+               "c": record("c", "2026-12-05", b, [run(0, 0.5)], overrides=["seed=3"])}
     assert render_results.demo_cpus(records).splitlines() == [
-        "| CPU | before | after, seed 0 | after, every seed | record |", "|---|---|---|---|---|",
-        "| CPU A (avx2, avx512f) | 30.6 % | 86.0 % | 86.0, 85.8, 86.4 % | `a` |",
-        "| CPU B (avx2) | 30.6 % | 87.4 % | 87.4 % | `b` |", "", "SOURCES"]
+        "| CPU | before | after, seed 0 | after, every seed |", "|---|---|---|---|",
+        "| CPU A (avx2, avx512f) | 30.6 % | 86.0 % | 86.0, 85.8, 86.4 % |",
+        "| CPU B (avx2) | 30.6 % | 87.4 % | 87.4, 84.2 % |", "", "SOURCES"]
+    assert render_results.demo_cpus({"c": records["c"]}).startswith("No record of the demo yet")

@@ -57,8 +57,11 @@ def test_every_config_a_record_trains_is_run_below():
 def test_every_module_a_training_run_imports_is_on_the_training_path(tmp_path):
     """One step of each config a record trains (tiny models for the fetched ones), in a fresh
     interpreter: every module of the package it imported is on TRAINING_PATH, among the
-    config's own files (its task's), or in OUTSIDE_THE_NUMBERS with a reason; so a change to
-    any of them marks the records of that config stale."""
+    configs' own files (their tasks'), or in OUTSIDE_THE_NUMBERS with a reason; so a change to
+    any of them marks the records of that config stale. What it does not see: the five runs
+    share one interpreter (a task's files count for all), they run without the records'
+    overrides, and through `grpo.cli.main` rather than a benchmark's own code (whose files
+    its records name themselves)."""
     from tiny_models import build_tiny_causal_lm
     from train_seeds import config_files
 
@@ -95,26 +98,51 @@ def test_the_modules_set_apart_exist_and_are_not_on_the_path():
     assert all((REPO / path).exists() for path in records.TRAINING_PATH)
 
 
+def test_every_training_record_depends_on_the_whole_training_path():
+    """A record of a training run lists every TRAINING_PATH entry, so a change to any of them
+    marks it stale (`python bench/records.py --extend NAME` adds what an older record lacks)."""
+    for name, record in records.load_records().items():
+        if "grpo/step" in record["depends_on_paths"]:
+            lacking = [p for p in records.TRAINING_PATH if p not in record["depends_on_paths"]]
+            assert lacking == [], f"{name} lacks {lacking}: python bench/records.py --extend {name}"
+
+
+def _at_head(name: str) -> dict[str, str]:
+    """`name`'s files at HEAD, digested from git's own listing and bytes."""
+    head, digests = records._git("rev-parse", "HEAD"), {}
+    for file in records._git("ls-tree", "-r", "--name-only", head, "--", name).splitlines():
+        data = subprocess.run(["git", "show", f"{head}:{file}"], cwd=REPO, capture_output=True,
+                              check=True).stdout  # fmt: skip
+        digests[file] = records.content_digest(file, data)
+    return digests
+
+
 def test_a_record_extended_by_a_path_is_digested_at_the_commit_it_stands_for(tmp_path):
-    """`extend` adds the paths a record lacks, digested at its last verified commit (else its
-    own); a path that commit lacks is left out; a record of uncommitted files is refused."""
+    """`extend` adds the paths a record of a training run lacks, digested at its last verified
+    commit (else its own), once; a path that commit lacks is left out. Refused: a record of
+    uncommitted files, one of no training run, one whose commit git does not have."""
     head = records._git("rev-parse", "HEAD")
-    config = records.digests_at(head, "grpo/config.py")
+    own = ["grpo/config.py", "grpo/step"]
     record = {"name": "probe", "commit": "0" * 40, "dirty": ["grpo/x.py"], "hashing": "meaning",
-              "depends_on_paths": ["grpo/config.py"], "depends_on": config,
+              "depends_on_paths": own, "depends_on": {**_at_head(own[0]), **_at_head(own[1])},
               "verified": [{"commit": head}]}  # fmt: skip
-    (tmp_path / "probe.json").write_text(json.dumps(record))
-    paths = ["grpo/config.py", "grpo/lm/engines/lean_families.py", "grpo/distributed",
-             "grpo/no_such_module.py"]  # fmt: skip
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps(record))
+    paths = [*own, "grpo/lm/engines/lean_families.py", "grpo/distributed", "grpo/no_such.py"]
     records.extend(["probe"], folder=tmp_path, paths=paths)
-    extended = json.loads((tmp_path / "probe.json").read_text())
+    extended = json.loads(probe.read_text())
     added = ["grpo/lm/engines/lean_families.py", "grpo/distributed"]
-    assert extended["depends_on_paths"] == ["grpo/config.py", *added]
-    assert extended["depends_on"] == {
-        **config, **records.digests_at(head, added[0]), **records.digests_at(head, added[1])}
+    assert extended["depends_on_paths"] == [*own, *added]
+    assert extended["depends_on"] == {**record["depends_on"], **_at_head(added[0]),
+                                      **_at_head(added[1])}  # fmt: skip
     assert "grpo/distributed/single.py" in extended["depends_on"]
     assert extended["extended"] == [{"commit": head, "paths": added}]
-    del record["verified"]
-    (tmp_path / "probe.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="uncommitted"):
-        records.extend(["probe"], folder=tmp_path, paths=paths)
+    records.extend(["probe"], folder=tmp_path, paths=paths)
+    assert json.loads(probe.read_text()) == extended  # nothing left to add
+    refused = {"uncommitted": {k: v for k, v in record.items() if k != "verified"},
+               "not a record of a training run": {**record, "depends_on_paths": own[:1]},
+               "not in this repository": {**record, "verified": [{"commit": "f" * 40}]}}
+    for reason, bad in refused.items():
+        probe.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=reason):
+            records.extend(["probe"], folder=tmp_path, paths=paths)

@@ -47,8 +47,8 @@ def test_the_replayed_start_matches_and_a_changed_number_is_refused(tmp_path, ca
 
 def test_a_curve_record_replays_grpos_run_to_its_second_evaluation(tmp_path, capsys):
     """A `time_to_accuracy.py` record: grpo's run of seed 0 (the demo at a tiny size, six
-    steps, evaluated every three) replays to the same figures at steps 0 and 3; a changed
-    figure at step 3 is refused."""
+    steps, evaluated every three) replays to the same figures at steps 0 and 3, and the record
+    then depends on the whole training path it replayed; a changed figure at step 3 is refused."""
     tiny = ["task.train_size=64", "task.eval_size=8", "prompts_per_step=2", "grpo.batch_size=16",
             "policy.micro_batch_size=16", "schedule.num_steps=6", "run.threads=1"]  # fmt: skip
     args = time_to_accuracy.parse_args(["--seeds", "1", "--eval-every", "3", "--libraries", "grpo",
@@ -63,7 +63,11 @@ def test_a_curve_record_replays_grpos_run_to_its_second_evaluation(tmp_path, cap
     path = tmp_path / "curve.json"
     path.write_text(json.dumps(record))
     assert verify_record.verify("curve", folder=tmp_path)
-    check = json.loads(path.read_text())["verified"][0]
+    verified = json.loads(path.read_text())
+    check = verified["verified"][0]
+    # the replay ran today's training path: the record now depends on all of it
+    assert set(verified["depends_on_paths"]) == {"configs/demo.yaml", *records.TRAINING_PATH}
+    assert records.stale(verified) == []
     assert check["steps"] == 3 and check["values"] == 2 * (len(run["points"][0]) - 3)
     record["results"]["records"][0]["points"][1]["accuracy"] += 0.125
     path.write_text(json.dumps(record))

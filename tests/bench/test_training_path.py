@@ -103,8 +103,10 @@ def test_every_training_record_depends_on_the_whole_training_path():
     and the command line for bench/train_seeds.py's), so a change to any of them marks it
     stale (`python bench/records.py --extend NAME` adds what an older record lacks)."""
     assert records.training_paths({"command": "python bench/roofline.py"}) == records.TRAINING_PATH
-    assert records.training_paths({"command": "python bench/train_seeds.py x"})[-2:] == [
-        "grpo/__main__.py", "grpo/cli/__init__.py"]
+    for through_cli in ("python bench/train_seeds.py x",
+                        "python bench/time_to_accuracy.py --grpo-run runs/bench/x/seed-0"):
+        assert records.training_paths({"command": through_cli}) == [
+            *records.TRAINING_PATH, "grpo/__main__.py", "grpo/cli/__init__.py"]
     for name, record in records.load_records().items():
         if "grpo/step" in record["depends_on_paths"]:
             lacking = [p for p in records.training_paths(record)

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import provenance  # noqa: E402
@@ -90,3 +92,13 @@ def test_a_record_from_another_machine_is_checked_against_its_own_commit_replaye
     assert check["against"]["commit"] == record["commit"] and check["values"] > 0
     rendered = provenance.checked(check)
     assert "gives the same numbers with this commit's code as with the measured commit's" in rendered
+
+
+def test_a_comparison_whose_grpo_side_came_from_other_runs_is_refused(tmp_path):
+    """A `time_to_accuracy.py` record made with `--grpo-run` holds no grpo run of its own to
+    replay: refused, naming where its grpo side came from."""
+    record = {"name": "vs", "command": "python bench/time_to_accuracy.py --libraries trl "
+              "--grpo-run runs/bench/smollm2_math/seed-0", "depends_on_paths": []}  # fmt: skip
+    (tmp_path / "vs.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="read from runs of bench/train_seeds.py"):
+        verify_record.verify("vs", folder=tmp_path)

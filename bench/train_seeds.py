@@ -10,18 +10,18 @@
 
 Each seed trains into its own run directory, `runs/bench/NAME/seed-S` (removed first, so a
 second measurement never resumes or collides with the first), exactly as `grpo train CONFIG
---set seed=S` would, one after another. Per run the record keeps: the process's wall time, CPU
-time and peak RSS (the child's own, from `os.wait4`), the load average just before it and the
-timing flags of `common.timing_flags` (a run that shared the machine), the training seconds
-(the sum of `time/step`: sampling, rewards, loss, backward, optimizer) and the median step,
-the training metrics of `TRAINING_KEYS` (`training_summary`: their mean over the run, its
-first and its last tenth), every held-out evaluation (those made during the run, and with `--evaluate-steps` those of its
-checkpoints made afterwards by `bench/evaluate_checkpoints.py`, off the clock) and the
+--set seed=S` would, one after another. Per run the record keeps: the precision it computed in
+(`policy.precision` as the run resolved it), the process's wall time, CPU time and peak RSS
+(the child's own, from `os.wait4`), the load average just before it and the timing flags of
+`common.timing_flags` (a run that shared the machine), the training seconds (the sum of
+`time/step`: sampling, rewards, loss, backward, optimizer) and the median step, the training
+metrics of `TRAINING_KEYS` (`training_summary`: their mean over the run, its first and its last
+tenth), every held-out evaluation (those made during the run, and with `--evaluate-steps` those
+of its checkpoints made afterwards by `bench/evaluate_checkpoints.py`, off the clock) and the
 before/after table `grpo train` printed last. The record is bench/results/NAME.json
 (`bench/records.py`); `bench/render_results.py` renders it into the pages. Each process runs
 with `common.worker_env` (OpenMP threads that sleep while they wait). `--add-to` and
-`--remeasure` join runs to a record measured earlier (`bench/seed_records.py`).
-"""
+`--remeasure` join runs to a record measured earlier (`bench/seed_records.py`)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_threads, settled_load, timing_flags, worker_env  # noqa: E402
@@ -112,6 +114,8 @@ def run_seed(config: str, seed: int, run_dir: Path, overrides: list[str], thread
         "load_before": round(load, 2),
         "flags": timing_flags(load, cpu, wall, busy_threads(threads, worker_env())),
         "steps": len(step_times),
+        # what `policy.precision` computed in, as the run resolved it (`auto`: fp32 or bf16-mixed)
+        "precision": yaml.safe_load((run_dir / "config.yaml").read_text())["policy"]["precision"],
         "training_seconds": round(sum(step_times), 1),
         "median_step_seconds": round(statistics.median(step_times), 3) if step_times else None,
         "training": training_summary(steps),

@@ -33,6 +33,7 @@ def test_the_replayed_start_matches_and_a_changed_number_is_refused(tmp_path, ca
     record = json.loads(path.read_text())
     run = record["results"]["runs"][0]
     assert run["steps"] == 10 and run["evaluations"][0]["step"] == 0
+    assert run["precision"] == "fp32"  # as the run resolved it (the demo's config says fp32)
     assert verify_record.verify("tiny", folder=path.parent)
     check = json.loads(path.read_text())["verified"][0]
     # every eval/ value of step 0 and every summarised training mean over step 1 was compared

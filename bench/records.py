@@ -91,6 +91,7 @@ __all__ = [
     "RESULTS",
     "TRAINING_PATH",
     "file_hashes",
+    "lacking_paths",
     "load_records",
     "machine",
     "stale",
@@ -222,6 +223,12 @@ def training_paths(record: dict) -> list[str]:
     return [*TRAINING_PATH, *(COMMAND_LINE if through_cli else [])]
 
 
+def lacking_paths(record: dict, wanted: list[str] | None = None) -> list[str]:
+    """The entries of `wanted` (default: the record's `training_paths`) it does not depend on."""
+    wanted = training_paths(record) if wanted is None else wanted
+    return [path for path in wanted if path not in record["depends_on_paths"]]
+
+
 def extend(names: list[str], folder: Path = RESULTS, paths: list[str] | None = None) -> None:
     """Add to each named record the `paths` (default: its `training_paths`) its dependencies lack,
     digested at the commit its digests stand for: the last commit a replay verified it at
@@ -243,9 +250,8 @@ def extend(names: list[str], folder: Path = RESULTS, paths: list[str] | None = N
             raise ValueError(f"{name}: not a record of a training run (it names its own files)")
         if not _git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"):
             raise ValueError(f"{name}: commit {commit} is not in this repository's history")
-        wanted_paths = training_paths(record) if paths is None else paths
-        lacking = [wanted for wanted in wanted_paths if wanted not in record["depends_on_paths"]]
-        added = {wanted: found for wanted in lacking if (found := digests_at(commit, wanted))}
+        added = {wanted: found for wanted in lacking_paths(record, paths)
+                 if (found := digests_at(commit, wanted))}  # fmt: skip
         if not added:
             continue
         record["depends_on_paths"] += list(added)

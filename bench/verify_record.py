@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_seeds  # noqa: E402
 from common import worker_env  # noqa: E402
-from records import REPO, RESULTS, _git, file_hashes, machine, stale, training_paths  # noqa: E402
+from records import REPO, RESULTS, _git, file_hashes, lacking_paths, machine, stale  # noqa: E402
 
 
 def replay(record: dict, seed: int, steps: int, run_dir: Path, root: Path = REPO,
@@ -213,8 +213,7 @@ def verify(name: str, seed: int | None = None, steps: int | None = None,
                          "bench/time_to_accuracy.py can be replayed; measure it again with: "
                          f"{record['command']}")  # fmt: skip
     # the replay runs today's whole training path: its digests cover every file of it
-    paths = [*record["depends_on_paths"],
-             *(p for p in training_paths(record) if p not in record["depends_on_paths"])]  # fmt: skip
+    paths = [*record["depends_on_paths"], *lacking_paths(record)]
     dirty = _git("status", "--porcelain", "--", *paths)
     if dirty:
         raise SystemExit(f"{name}: commit these files first:\n{dirty}")

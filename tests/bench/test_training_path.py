@@ -54,12 +54,12 @@ def test_every_config_a_record_trains_is_run_below():
     assert trained == set(TINY_MODEL)
 
 
-def test_every_module_a_training_run_imports_is_on_the_training_path(tmp_path):
+def test_every_module_a_training_run_imports_is_on_the_training_path(tmp_path, wide_gemma3):
     """One step of each config a record trains (tiny models for the fetched ones), in a fresh
     interpreter: every module of the package it imported is on TRAINING_PATH, on COMMAND_LINE
     (the runs go through `grpo.cli.main`), among the configs' own files (their tasks'), or in
-    OUTSIDE_THE_NUMBERS with a reason; so a change to
-    any of them marks the records of that config stale. What it does not see: the five runs
+    OUTSIDE_THE_NUMBERS with a reason; so a change to any of them marks the records of that
+    config stale. What it does not see: the five runs
     share one interpreter (a task's files count for all), they run without the records'
     overrides, and not through a benchmark's own code (whose files its records name)."""
     from tiny_models import build_tiny_causal_lm
@@ -67,13 +67,13 @@ def test_every_module_a_training_run_imports_is_on_the_training_path(tmp_path):
 
     from grpo.run.config_files import load_config
 
+    models = {"llama": build_tiny_causal_lm(tmp_path / "llama", "llama", max_positions=1024),
+              "gemma3": wide_gemma3}  # fmt: skip
     runs, own = [], set()
     for index, (config, arch) in enumerate(TINY_MODEL.items()):
         sets = {**SMALL, "run.dir": tmp_path / f"run-{index}"}
         if arch:
-            sets["model.path"] = build_tiny_causal_lm(tmp_path / arch, arch, max_positions=1024,
-                                                      **({"sliding_window": 1024}
-                                                         if arch == "gemma3" else {}))  # fmt: skip
+            sets["model.path"] = models[arch]
         overrides = [f"{key}={value}" for key, value in sets.items()]
         runs.append(["train", config, *[a for o in overrides for a in ("--set", o)]])
         own.update(config_files(load_config(REPO / config, overrides)))
@@ -109,8 +109,7 @@ def test_every_training_record_depends_on_the_whole_training_path():
             *records.TRAINING_PATH, "grpo/__main__.py", "grpo/cli/__init__.py"]
     for name, record in records.load_records().items():
         if "grpo/step" in record["depends_on_paths"]:
-            lacking = [p for p in records.training_paths(record)
-                       if p not in record["depends_on_paths"]]  # fmt: skip
+            lacking = records.lacking_paths(record)
             assert lacking == [], f"{name} lacks {lacking}: python bench/records.py --extend {name}"
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chess_results  # noqa: E402
 import decode_results  # noqa: E402
+import environment_pairs  # noqa: E402
 import gpu_results  # noqa: E402
 import loss_phase  # noqa: E402
 import output_layer_precision  # noqa: E402
@@ -295,6 +296,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
         )
     },
     "step-before-after": step_change,
+    "huge-pages": functools.partial(
+        _table_and_note, module=environment_pairs, name="huge_pages_float32"
+    ),
     "output-layer-precision": functools.partial(
         _table_and_note, module=output_layer_precision, name="output_layer_precision"
     ),

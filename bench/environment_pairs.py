@@ -1,0 +1,163 @@
+"""A step's phases with and without some environment variables, side by side in one sitting.
+
+    python bench/environment_pairs.py --env THP_MEM_ALLOC_ENABLE=1 --set policy.precision=fp32 \
+        --record huge_pages_float32
+
+`bench/roofline.py` runs on the config (its untimed warm-up step, then `--steps` timed ones)
+in a fresh process each time, in turns: without the variables, with them, `--rounds` pairs,
+so that a machine whose speed drifts during the sitting weighs on both alike. "Without" takes
+the variables out of the environment; "with" sets them. Each phase's ratio is with over
+without, pair by pair, in seconds per completion token sampled (seconds for the optimizer),
+as in `bench/step_before_after.py`, whose comparison this reuses.
+
+Such a variable changes how the process runs, not what it computes, when every run samples
+the same completions: the record keeps each run's completion tokens so that this can be read
+off (`same_completions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records import REPO  # noqa: E402
+from step_before_after import RUN_ROOFLINE, compare  # noqa: E402
+
+SIDES = ("without", "with")
+ROOFLINE_SCRIPTS = ["bench/roofline.py", "bench/roofline_calls.py", "bench/roofline_counts.py",
+                    "bench/roofline_memory.py", "bench/roofline_peaks.py"]  # fmt: skip
+
+
+def parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    """KEY=VALUE arguments as a dict; a pair without '=' or with an empty key is an error."""
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", default="configs/smollm2_math.yaml")
+    parser.add_argument("--env", action="append", required=True, metavar="KEY=VALUE",
+                        help="a variable set in the 'with' runs and taken out of the others")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override, as for grpo train")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="without/with pairs")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps of each run")
+    parser.add_argument("--record", metavar="NAME", help="write bench/results/NAME.json")
+    args = parser.parse_args(argv)
+    args.env = parse_env(args.env)
+    return args
+
+
+def environments(extra: dict[str, str], base: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The two sides' environments: `base` without the variables of `extra`, and with them."""
+    without = {k: v for k, v in base.items() if k not in extra}
+    return {"without": without, "with": {**without, **extra}}
+
+
+def roofline_with(env: dict[str, str], config: str, steps: int, overrides: Sequence[str]) -> dict:
+    """The results of `bench/roofline.py` in a fresh process with the environment `env`."""
+    sets = [arg for pair in overrides for arg in ("--set", pair)]
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "roofline.json"
+        subprocess.run([sys.executable, "-c", RUN_ROOFLINE, str(out), config, "--steps",
+                        str(steps), *sets], cwd=REPO, env=env, check=True)  # fmt: skip
+        return json.loads(out.read_text())
+
+
+def _completions(run: dict[str, Any]) -> list[float]:
+    tokens = run["tokens_per_step"]
+    return [tokens["completions"], tokens["completion_tokens_mean"]]
+
+
+def measure(args: argparse.Namespace,
+            run: Callable[..., dict[str, Any]] = roofline_with) -> dict[str, Any]:  # fmt: skip
+    envs = environments(args.env, dict(os.environ))
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    for _ in range(args.rounds):
+        for side in SIDES:
+            runs[side].append(run(envs[side], args.config, args.steps, args.set))
+    phases = compare({"before": runs["without"], "after": runs["with"]})
+    for phase in phases.values():
+        phase["without"], phase["with"] = phase.pop("before"), phase.pop("after")
+    rss = {side: {p["phase"]: max(r["phases"][i]["peak_rss_bytes"] for r in runs[side]) / 2**30
+                  for i, p in enumerate(runs[side][0]["phases"])} for side in SIDES}  # fmt: skip
+    completions = {side: [_completions(r) for r in runs[side]] for side in SIDES}
+    return {
+        "config": args.config, "overrides": list(args.set), "env": args.env,
+        "rounds": args.rounds, "steps": args.steps, "phases": phases,
+        "peak_rss_gib": rss, "completions": completions,
+        "same_completions": len({json.dumps(c) for cs in completions.values() for c in cs}) == 1,
+        "peaks_float32_gflops": {side: [r["peaks"]["matmul"]["float32"]["flops_per_s"] / 1e9
+                                        for r in runs[side]] for side in SIDES},
+    }  # fmt: skip
+
+
+def _seconds(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['seconds']:.2f}" for r in rows)
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| phase | without s/step (each run) | with s/step (each run) | with / without "
+             "(each pair) | with / without (median) | peak RSS without, with |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for key, phase in results["phases"].items():
+        ratios = ", ".join(f"{x:.2f}" for x in phase["ratios"])
+        rss = results["peak_rss_gib"]
+        memory = (f"{rss['without'][key]:.2f}, {rss['with'][key]:.2f} GiB"
+                  if key in rss["without"] else "-")  # fmt: skip
+        lines.append(f"| {phase['name']} | {_seconds(phase['without'])} | "
+                     f"{_seconds(phase['with'])} | {ratios} | {phase['median_ratio']:.2f} | "
+                     f"{memory} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def note(results: dict[str, Any]) -> str:
+    """What the table measured, in one paragraph."""
+    env = " ".join(f"{k}={v}" for k, v in results["env"].items())
+    sets = "".join(f" --set {s}" for s in results["overrides"])
+    peaks = "; ".join(f"{side} " + ", ".join(f"{p:.0f}" for p in ps)
+                      for side, ps in results["peaks_float32_gflops"].items())  # fmt: skip
+    same = ("every run sampled the same completions (their number and mean length agree), "
+            "so the variable changed the time, not the numbers"
+            if results["same_completions"] else
+            "the runs sampled different completions: the variable changed what was computed")  # fmt: skip
+    return (
+        f"`bench/roofline.py {results['config']}{sets}` in turns without and with `{env}`, "
+        f"{results['rounds']} of each, each in a fresh process: one untimed step, then the "
+        f"mean of {results['steps']} steps; {same}. The ratio is of seconds per completion "
+        "token sampled (of seconds for the optimizer): below 1, the variable made the phase "
+        "faster. Peak RSS is the largest of the runs'. The float32 matrix-product peak each "
+        f"run measured (GFLOP/s), itself sped up or not by the variable: {peaks}."
+    )
+
+
+def main(argv: Sequence[str] | None = None, folder: Path | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    results = measure(args)
+    from provenance import table_and_note
+
+    print(table_and_note(table, note, results))
+    if args.record:
+        from records import RESULTS, write_config_record
+
+        scripts = ["bench/environment_pairs.py", "bench/step_before_after.py", *ROOFLINE_SCRIPTS]
+        write_config_record(args.record, results, args.config, scripts, argv, folder or RESULTS)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -10,9 +10,9 @@ the variables out of the environment; "with" sets them. Each phase's ratio is wi
 without, pair by pair, in seconds per completion token sampled (seconds for the optimizer),
 as in `bench/step_before_after.py`, whose comparison this reuses.
 
-Such a variable changes how the process runs, not what it computes, when every run samples
-the same completions: the record keeps each run's completion tokens so that this can be read
-off (`same_completions`).
+A variable that changes how the process runs but not what it computes leaves every run
+sampling completions of the same lengths, step after step: the record keeps each run's, and
+whether they all agree (`same_completions`).
 """
 
 from __future__ import annotations
@@ -78,9 +78,13 @@ def roofline_with(env: dict[str, str], config: str, steps: int, overrides: Seque
         return json.loads(out.read_text())
 
 
-def _completions(run: dict[str, Any]) -> list[float]:
-    tokens = run["tokens_per_step"]
-    return [tokens["completions"], tokens["completion_tokens_mean"]]
+def _completions(run: dict[str, Any]) -> list[list[float | None]]:
+    """Each measured step's completions: their number, mean length and the FLOPs of sampling
+    and of the loss phase (which count each completion's own length): equal in two runs when
+    they sampled the same lengths, step after step."""
+    return [[step["tokens"]["completions"], step["tokens"]["completion_tokens_mean"],
+             step["phases"]["sampling"]["flops"], step["phases"]["loss_backward"]["flops"]]
+            for step in run["per_step"]]  # fmt: skip
 
 
 def measure(args: argparse.Namespace,
@@ -131,10 +135,12 @@ def note(results: dict[str, Any]) -> str:
     sets = "".join(f" --set {s}" for s in results["overrides"])
     peaks = "; ".join(f"{side} " + ", ".join(f"{p:.0f}" for p in ps)
                       for side, ps in results["peaks_float32_gflops"].items())  # fmt: skip
-    same = ("every run sampled the same completions (their number and mean length agree), "
-            "so the variable changed the time, not the numbers"
+    same = ("every run sampled completions of the same lengths, step after step (their number, "
+            "mean length and the FLOPs counted for them agree): the variable changed the time, "
+            "not, as far as these show, what was computed"
             if results["same_completions"] else
-            "the runs sampled different completions: the variable changed what was computed")  # fmt: skip
+            "the runs sampled completions of different lengths: the variable changed what was "
+            "computed")  # fmt: skip
     return (
         f"`bench/roofline.py {results['config']}{sets}` in turns without and with `{env}`, "
         f"{results['rounds']} of each, each in a fresh process: one untimed step, then the "

@@ -262,6 +262,9 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
                                      source=source, timing_note=timing_note),
     "lean-gemma": functools.partial(decode_results.lean_gemma, source=source),
     "llamacpp-decode": functools.partial(decode_results.llamacpp, source=source),
+    "llamacpp-decode-avx2": functools.partial(
+        decode_results.llamacpp, source=source, name="llamacpp_decode_avx2"
+    ),
     "smollm2-vs-trl": trl_comparison("smollm2_vs_trl"),
     "gemma3-vs-trl": trl_comparison("gemma3_vs_trl"),
     "word-problem-diagnosis": functools.partial(word_problem_results.render, source=source),

@@ -12,14 +12,15 @@ as in `bench/step_before_after.py`, whose comparison this reuses.
 
 A variable that changes how the process runs but not what it computes leaves every run
 sampling completions of the same lengths, step after step: the record keeps each run's, and
-whether they all agree (`same_completions`).
+whether they agree (`agreement`). Every run gets the environment the other benchmarks give
+their measured processes (`common.worker_env`: OpenMP's waiting threads sleep unless
+`OMP_WAIT_POLICY` is set), with the variables set or taken out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import worker_env  # noqa: E402
 from records import REPO  # noqa: E402
-from step_before_after import RUN_ROOFLINE, compare  # noqa: E402
+from step_before_after import RUN_ROOFLINE, _seconds, compare  # noqa: E402
 
 SIDES = ("without", "with")
 ROOFLINE_SCRIPTS = ["bench/roofline.py", "bench/roofline_calls.py", "bench/roofline_counts.py",
@@ -58,6 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="timed steps of each run")
     parser.add_argument("--record", metavar="NAME", help="write bench/results/NAME.json")
     args = parser.parse_args(argv)
+    for name in ("rounds", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)}: allowed: >= 1")
     args.env = parse_env(args.env)
     return args
 
@@ -87,9 +92,31 @@ def _completions(run: dict[str, Any]) -> list[list[float | None]]:
             for step in run["per_step"]]  # fmt: skip
 
 
+def agreement(completions: dict[str, list]) -> str:
+    """"same": every run sampled the same lengths; "sides differ": each side's runs agree among
+    themselves and the two sides differ (the variable changed what was computed); "runs
+    differ": runs of one side differ (a run is not reproducible, whatever the variable does)."""
+    distinct = {side: {json.dumps(c) for c in cs} for side, cs in completions.items()}
+    if any(len(d) > 1 for d in distinct.values()):
+        return "runs differ"
+    return "same" if len(set().union(*distinct.values())) == 1 else "sides differ"
+
+
+def _peak_rss_gib(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each phase's largest peak RSS over the runs, GiB, by phase; None where no run had one."""
+    peaks: dict[str, float | None] = {}
+    for run in runs:
+        for row in run["phases"]:
+            value = row.get("peak_rss_bytes")
+            old = peaks.get(row["phase"])
+            gib = None if value is None else value / 2**30
+            peaks[row["phase"]] = gib if old is None else old if gib is None else max(old, gib)
+    return peaks
+
+
 def measure(args: argparse.Namespace,
             run: Callable[..., dict[str, Any]] = roofline_with) -> dict[str, Any]:  # fmt: skip
-    envs = environments(args.env, dict(os.environ))
+    envs = environments(args.env, worker_env())
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for _ in range(args.rounds):
         for side in SIDES:
@@ -97,36 +124,48 @@ def measure(args: argparse.Namespace,
     phases = compare({"before": runs["without"], "after": runs["with"]})
     for phase in phases.values():
         phase["without"], phase["with"] = phase.pop("before"), phase.pop("after")
-    rss = {side: {p["phase"]: max(r["phases"][i]["peak_rss_bytes"] for r in runs[side]) / 2**30
-                  for i, p in enumerate(runs[side][0]["phases"])} for side in SIDES}  # fmt: skip
     completions = {side: [_completions(r) for r in runs[side]] for side in SIDES}
+    dtype = runs["without"][0]["dtypes"]["scoring"]
     return {
         "config": args.config, "overrides": list(args.set), "env": args.env,
+        "omp_wait_policy": envs["without"].get("OMP_WAIT_POLICY"),
         "rounds": args.rounds, "steps": args.steps, "phases": phases,
-        "peak_rss_gib": rss, "completions": completions,
-        "same_completions": len({json.dumps(c) for cs in completions.values() for c in cs}) == 1,
-        "peaks_float32_gflops": {side: [r["peaks"]["matmul"]["float32"]["flops_per_s"] / 1e9
-                                        for r in runs[side]] for side in SIDES},
+        "peak_rss_gib": {side: _peak_rss_gib(runs[side]) for side in SIDES},
+        "completions": completions, "agreement": agreement(completions),
+        "flags": {side: [r.get("flags", []) for r in runs[side]] for side in SIDES},
+        "peak_dtype": dtype,
+        "peaks_gflops": {side: [r["peaks"]["matmul"][dtype]["flops_per_s"] / 1e9
+                                for r in runs[side]] for side in SIDES},
     }  # fmt: skip
 
 
-def _seconds(rows: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{r['seconds']:.2f}" for r in rows)
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def table(results: dict[str, Any]) -> str:
     lines = ["| phase | without s/step (each run) | with s/step (each run) | with / without "
-             "(each pair) | with / without (median) | peak RSS without, with |",
+             "(each pair) | with / without (median) | peak RSS without, with (GiB) |",
              "|---|---|---|---|---|---|"]  # fmt: skip
+    rss = results["peak_rss_gib"]
     for key, phase in results["phases"].items():
         ratios = ", ".join(f"{x:.2f}" for x in phase["ratios"])
-        rss = results["peak_rss_gib"]
-        memory = (f"{rss['without'][key]:.2f}, {rss['with'][key]:.2f} GiB"
-                  if key in rss["without"] else "-")  # fmt: skip
+        memory = f"{_gib(rss['without'].get(key))}, {_gib(rss['with'].get(key))}"
         lines.append(f"| {phase['name']} | {_seconds(phase['without'])} | "
                      f"{_seconds(phase['with'])} | {ratios} | {phase['median_ratio']:.2f} | "
                      f"{memory} |")  # fmt: skip
     return "\n".join(lines)
+
+
+AGREEMENT = {
+    "same": "every run sampled completions of the same lengths, step after step (their number, "
+            "mean length and the FLOPs counted for them agree): whatever changed was the time, "
+            "not, as far as these show, what was computed",
+    "sides differ": "the runs of each side sampled the same lengths and the two sides different "
+                    "ones: the variable changed what was computed",
+    "runs differ": "runs of one side sampled completions of different lengths: a run does not "
+                   "repeat itself here, so what the variable changes cannot be read off",
+}  # fmt: skip
 
 
 def note(results: dict[str, Any]) -> str:
@@ -134,20 +173,20 @@ def note(results: dict[str, Any]) -> str:
     env = " ".join(f"{k}={v}" for k, v in results["env"].items())
     sets = "".join(f" --set {s}" for s in results["overrides"])
     peaks = "; ".join(f"{side} " + ", ".join(f"{p:.0f}" for p in ps)
-                      for side, ps in results["peaks_float32_gflops"].items())  # fmt: skip
-    same = ("every run sampled completions of the same lengths, step after step (their number, "
-            "mean length and the FLOPs counted for them agree): the variable changed the time, "
-            "not, as far as these show, what was computed"
-            if results["same_completions"] else
-            "the runs sampled completions of different lengths: the variable changed what was "
-            "computed")  # fmt: skip
+                      for side, ps in results["peaks_gflops"].items())  # fmt: skip
+    flagged = sorted({f for runs in results["flags"].values() for flags in runs for f in flags})
+    flags = (f" `bench/roofline.py` flagged the timing of some runs ({'; '.join(flagged)}); "
+             "run back to back, each run reads a load average its predecessor raised."
+             if flagged else "")  # fmt: skip
     return (
         f"`bench/roofline.py {results['config']}{sets}` in turns without and with `{env}`, "
-        f"{results['rounds']} of each, each in a fresh process: one untimed step, then the "
-        f"mean of {results['steps']} steps; {same}. The ratio is of seconds per completion "
-        "token sampled (of seconds for the optimizer): below 1, the variable made the phase "
-        "faster. Peak RSS is the largest of the runs'. The float32 matrix-product peak each "
-        f"run measured (GFLOP/s), itself sped up or not by the variable: {peaks}."
+        f"{results['rounds']} of each, each in a fresh process (OMP_WAIT_POLICY="
+        f"{results['omp_wait_policy']}): one untimed step, then the mean of {results['steps']} "
+        f"steps; {AGREEMENT[results['agreement']]}. The ratio is of seconds per completion "
+        "token sampled (of seconds for the optimizer): below 1, the phase was faster with the "
+        "variable. Peak RSS is the largest of the runs'. The "
+        f"{results['peak_dtype']} matrix-product peak each run measured (GFLOP/s), a gauge of "
+        f"the machine's speed during it: {peaks}.{flags}"
     )
 
 

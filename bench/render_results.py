@@ -249,6 +249,19 @@ def step_change(records: dict) -> str:
             + "\n\n" + accuracy + "\n\n" + source(step, seeds))
 
 
+def step_change_avx2(records: dict) -> str:
+    """The same two commits' step on a CPU without bfloat16 instructions, where
+    `policy.precision: auto` trains in float32 at both."""
+    record = records["step_before_after_avx2"]
+    flags = ", ".join(record["machine"]["flags"])
+    peaks = [p for side in record["results"]["peaks_bf16_gflops"].values() for p in side]
+    return (table_and_note(step_before_after.table, step_before_after.note, record["results"])
+            + f"\n\nThis CPU's flags: {flags}. Without bfloat16 instructions torch emulates "
+            f"bfloat16 products ({min(peaks):.2f}-{max(peaks):.2f} GFLOP/s in these runs), so "
+            "`policy.precision: auto`, the config's setting at both commits, trains in float32 "
+            "there.\n\n" + source(record))
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo-output": demo_output,
     "demo-seeds": demo_seeds,
@@ -299,6 +312,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
         )
     },
     "step-before-after": step_change,
+    "step-before-after-avx2": step_change_avx2,
     "huge-pages": functools.partial(
         _table_and_note, module=environment_pairs, name="huge_pages_float32"
     ),

@@ -19,10 +19,11 @@ How an episode is scored, by name in `EPISODE_SCORERS`:
   every token is scored under the very context it was sampled in, even where a
   chat template's end-of-turn token differs from the model's EOS. The policy's
   own scoring (temperature, EOS masking, micro-batches, entropy) is reused.
-- ``"conversation"`` (picoRL): one forward pass over the whole conversation
-  (`grpo.envs.scoring`), mask = assistant tokens, sampled ids spliced in when
-  known. Cheaper; exact when each turn's prompt is a prefix of the final
-  conversation, and the only choice for episodes without sampled ids. No entropy.
+- ``"conversation"`` (picoRL): one forward pass over each whole conversation
+  (`grpo.envs.scoring`), `micro_batch_size` of them a pass, mask = assistant
+  tokens, sampled ids spliced in when known. Cheaper; exact when each turn's
+  prompt is a prefix of the final conversation, and the only choice for
+  episodes without sampled ids. No entropy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.envs.base import Env, EpisodeRollout, Message
@@ -55,7 +57,9 @@ class PolicyAgent:
         groups = self.policy.generate_actions(conversations, 1, **self.generation_overrides)
         completions = [group[0] for group in groups]
         return AgentOutput(
-            [c.text for c in completions], [list(c.completion_ids) for c in completions]
+            [c.text for c in completions],
+            [list(c.completion_ids) for c in completions],
+            [bool(c.truncated) for c in completions],
         )
 
 
@@ -78,6 +82,18 @@ class EpisodePolicy:
         for name in ("generate_actions", "get_token_log_probabilities", "encode_states"):
             if not callable(getattr(policy, name, None)):
                 raise TypeError(f"policy must have {name}, got {type(policy).__name__}")
+        generation = getattr(getattr(policy, "settings", None), "generation", None)
+        reshaped = sorted(
+            name for name in set(generation_overrides) & set(_SCORED_AS_SAMPLED)
+            if generation is None or generation_overrides[name] != getattr(generation, name)
+        )  # fmt: skip
+        if reshaped:
+            raise ValueError(
+                f"EpisodePolicy: {', '.join(reshaped)} would sample the episodes from another "
+                "distribution than the one they are scored under; set them in the policy's "
+                "settings.generation, which sampling and scoring share"
+            )
+        _check_scored_as_sampled(policy, scoring)
         self.policy = policy
         self.make_env = make_env
         self.max_turns = max_turns
@@ -119,10 +135,11 @@ class EpisodePolicy:
             [prompt_ids] = self.policy.encode_states([prompt])
             ids = rollout.action_token_ids[turn]
             eos = set(getattr(self.policy, "eos_token_ids", ()))
+            cut = rollout.action_truncated is not None and rollout.action_truncated[turn]
             completions.append(
                 Completion(
                     text=message["content"], completion_ids=ids, prompt_ids=prompt_ids,
-                    truncated=False, finished_by_eos=bool(ids) and ids[-1] in eos,
+                    truncated=cut, finished_by_eos=bool(ids) and ids[-1] in eos,
                 )
             )  # fmt: skip
             prompts.append(prompt)
@@ -181,6 +198,36 @@ class EpisodePolicy:
         )  # fmt: skip
 
 
+_SCORED_AS_SAMPLED = ("temperature", "top_k", "top_p", "do_sample")  # scoring would miss them
+
+
+def _check_scored_as_sampled(policy: Any, scoring: str) -> None:
+    """Refuse a policy whose episodes would need importance weights, which episode training
+    does not carry: top-k / top-p sampling, or truncated importance sampling (`tis_cap`) for
+    an engine that samples otherwise than the trainer scores."""
+    settings = getattr(policy, "settings", None)
+    generation = getattr(settings, "generation", None)
+    if getattr(generation, "truncates", False):
+        raise ValueError(
+            "EpisodePolicy: the policy samples with top_k or top_p, whose tokens the loss "
+            "weighs by importance weights per completion; episodes carry none: set "
+            "generation.top_k = 0 and generation.top_p = 1.0"
+        )
+    engine = getattr(policy, "rollout_engine", None)
+    if getattr(engine, "tis_cap", None) is not None:
+        raise ValueError(
+            "EpisodePolicy: the policy's rollout engine samples from another distribution than "
+            "the trainer scores (vLLM, or another rollout.precision) and rollout.tis_cap asks "
+            "for importance weights, which episodes do not carry: set rollout.tis_cap to null, "
+            "or sample with the scorer (the transformers or lean engine at policy.precision)"
+        )
+    if getattr(settings, "mask_truncated_completions", False) and scoring != "turns":
+        raise ValueError(
+            "EpisodePolicy: mask_truncated_completions needs scoring='turns' (the "
+            "'conversation' scorer does not know which turns hit the token limit)"
+        )
+
+
 def _score_turns(episodes: EpisodePolicy, actions: Sequence[EpisodeRollout]) -> TokenLogProbs:
     """Every turn of every episode in one policy call, then each episode's tokens end to end."""
     prompts, completions, owners = [], [], []
@@ -198,13 +245,26 @@ def _score_conversations(
 ) -> TokenLogProbs:
     """One pass per whole conversation -> (N, L-1), mask = assistant tokens."""
     policy = episodes.policy
+    if not actions:
+        raise ValueError("actions must hold at least one episode to score")
     tokens = [rollout_tokens(policy.tokenizer, rollout) for rollout in actions]
-    return conversation_logprobs(
-        policy.compute_model(), tokens, pad_token_id=policy.tokenizer.pad_token_id,
-        temperature=policy.settings.generation.temperature,
-        chunked_output_layer=policy.settings.chunked_output_layer,
-        precision=policy.settings.precision,
-    )  # fmt: skip
+    rows = max(1, int(policy.settings.micro_batch_size))  # conversations a forward pass
+    parts = [
+        conversation_logprobs(
+            policy.compute_model(), tokens[start : start + rows],
+            pad_token_id=policy.tokenizer.pad_token_id,
+            temperature=policy.settings.generation.temperature,
+            chunked_output_layer=policy.settings.chunked_output_layer,
+            precision=policy.settings.precision,
+        )  # fmt: skip
+        for start in range(0, len(tokens), rows)
+    ]
+    width = max(part.logprobs.shape[1] for part in parts)  # L-1 of the longest conversation
+    return TokenLogProbs(
+        torch.cat([F.pad(part.logprobs, (0, width - part.logprobs.shape[1])) for part in parts]),
+        torch.cat([F.pad(part.completion_mask, (0, width - part.completion_mask.shape[1]))
+                   for part in parts]),  # fmt: skip
+    )
 
 
 def _pack(

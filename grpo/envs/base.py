@@ -60,6 +60,9 @@ class EpisodeRollout:
     """Sampled token ids of each assistant turn, when the agent reported them."""
     truncated: bool = field(default=False)
     """True when the episode hit the turn limit before the environment said done."""
+    action_truncated: tuple[bool, ...] | None = None
+    """Whether each assistant turn hit the sampler's token limit before its EOS, when the
+    agent reported it (`policy.settings.mask_truncated_completions` masks such turns)."""
 
     def __post_init__(self) -> None:
         if len(self.rewards) != len(self.actions):
@@ -72,6 +75,17 @@ class EpisodeRollout:
                 f"action_token_ids must have one entry per turn, got "
                 f"{len(self.action_token_ids)} for {len(self.actions)} actions"
             )
+        if self.action_truncated is not None and len(self.action_truncated) != len(self.actions):
+            raise ValueError(
+                f"action_truncated must have one entry per turn, got "
+                f"{len(self.action_truncated)} for {len(self.actions)} actions"
+            )
+        agent_turns = sum(m.get("role") == "assistant" for m in self.messages)
+        if agent_turns != len(self.actions):
+            raise ValueError(
+                f"messages hold {agent_turns} assistant messages for {len(self.actions)} actions; "
+                "every assistant message is an agent's turn"
+            )
 
     @property
     def total_reward(self) -> float:
@@ -83,8 +97,14 @@ class EpisodeRollout:
         return len(self.actions)
 
 
-def as_messages(observation: str | Sequence[Message] | None, *, where: str) -> list[Message]:
-    """An observation as a list of chat messages (a string becomes one user message)."""
+def as_messages(
+    observation: str | Sequence[Message] | None, *, where: str, observed: bool = False
+) -> list[Message]:
+    """An observation as a list of chat messages (a string becomes one user message).
+
+    `observed`: the messages come from an environment or a parser, which may not speak as
+    the assistant: every assistant message of an episode is an agent's turn, the tokens the
+    loss counts (put a worked example in a system or user message instead)."""
     if observation is None:
         return []
     if isinstance(observation, str):
@@ -99,5 +119,11 @@ def as_messages(observation: str | Sequence[Message] | None, *, where: str) -> l
             raise TypeError(
                 f"{where}[{index}] must be a {{'role', 'content'}} dict with role in {ROLES} "
                 f"and str content, got {message!r}"
+            )
+        if observed and message["role"] == "assistant":
+            raise ValueError(
+                f"{where}[{index}] is an assistant message: an environment's observations may "
+                "hold system, user and tool messages only, since every assistant message of an "
+                "episode is scored as the agent's turn (put examples in a system or user message)"
             )
     return messages

@@ -33,6 +33,14 @@ class BatchedEnv:
             ]
             if missing:
                 raise TypeError(f"envs[{index}] ({type(env).__name__}) lacks {', '.join(missing)}")
+        first: dict[int, int] = {}
+        for index, env in enumerate(self.envs):
+            seen = first.setdefault(id(env), index)
+            if seen != index:  # one object would play two episodes with one state
+                raise ValueError(
+                    f"envs[{seen}] and envs[{index}] are the same object; each episode needs "
+                    "its own environment (make_env must build a new one per call)"
+                )
         if group_ids is not None and len(group_ids) != len(self.envs):
             raise ValueError(
                 f"group_ids must have one entry per env, got {len(group_ids)} for {len(self.envs)}"
@@ -58,7 +66,7 @@ class BatchedEnv:
     def reset(self) -> list[list[Message]]:
         """Start every episode; the first conversations, one per env."""
         self.messages = [
-            as_messages(env.reset(), where=f"envs[{i}].reset()") for i, env in enumerate(self.envs)
+            as_messages(env.reset(), where=f"envs[{i}].reset()", observed=True) for i, env in enumerate(self.envs)
         ]
         for index, conversation in enumerate(self.messages):
             if not conversation:
@@ -67,6 +75,7 @@ class BatchedEnv:
         self.actions: list[list[str]] = [[] for _ in self.envs]
         self.rewards: list[list[float]] = [[] for _ in self.envs]
         self.token_ids: list[list[tuple[int, ...] | None]] = [[] for _ in self.envs]
+        self.truncated: list[list[bool | None]] = [[] for _ in self.envs]
         self._last_reward = [float(env.reward()) for env in self.envs]
         self._started = True
         return [list(c) for c in self.messages]
@@ -86,9 +95,12 @@ class BatchedEnv:
         texts: Sequence[str],
         *,
         token_ids: Sequence[Sequence[int] | None] | None = None,
+        truncated: Sequence[bool | None] | None = None,
         parser: Callable[[str], ParseResult] | None = None,
     ) -> list[int]:
-        """Apply one assistant text per active episode (in `active` order); the new `active`."""
+        """Apply one assistant text per active episode (in `active` order); the new `active`.
+        `token_ids` and `truncated` (whether a text hit the sampler's token limit), when the
+        agent reports them, are kept per turn."""
         indices = self.active
         if len(texts) != len(indices):
             raise ValueError(f"step got {len(texts)} texts for {len(indices)} active episodes")
@@ -96,12 +108,18 @@ class BatchedEnv:
             raise ValueError(
                 f"step got {len(token_ids)} token_ids for {len(indices)} active episodes"
             )
+        if truncated is not None and len(truncated) != len(indices):
+            raise ValueError(
+                f"step got {len(truncated)} truncated flags for {len(indices)} active episodes"
+            )
         for k, index in enumerate(indices):
             text = texts[k]
             if not isinstance(text, str):
                 raise TypeError(f"texts[{k}] must be a str, got {type(text).__name__}")
             ids = token_ids[k] if token_ids is not None else None
-            self._step_one(index, text, None if ids is None else tuple(int(t) for t in ids), parser)
+            ids = None if ids is None else tuple(int(t) for t in ids)
+            cut = None if truncated is None or truncated[k] is None else bool(truncated[k])
+            self._step_one(index, text, ids, cut, parser)
         return self.active
 
     def _step_one(
@@ -109,24 +127,26 @@ class BatchedEnv:
         index: int,
         text: str,
         ids: tuple[int, ...] | None,
+        cut: bool | None,
         parser: Callable[[str], ParseResult] | None,
     ) -> None:
         self.messages[index].append({"role": "assistant", "content": text})
         self.actions[index].append(text)
         self.token_ids[index].append(ids)
+        self.truncated[index].append(cut)
         bonus, action = 0.0, text
         if parser is not None:
             parsed = parser(text)
             bonus = float(parsed.reward)
             if parsed.action is None:
                 # Parse failure: the env keeps its state; the model sees the parser's feedback.
-                self.messages[index] += as_messages(parsed.obs, where="parser obs")
+                self.messages[index] += as_messages(parsed.obs, where="parser obs", observed=True)
                 self.rewards[index].append(bonus)
                 return
             action = parsed.action
         env = self.envs[index]
         observation, done = env.step(action)
-        self.messages[index] += as_messages(observation, where=f"envs[{index}].step()")
+        self.messages[index] += as_messages(observation, where=f"envs[{index}].step()", observed=True)
         total = float(env.reward())
         self.rewards[index].append(total - self._last_reward[index] + bonus)
         self._last_reward[index] = total
@@ -139,6 +159,8 @@ class BatchedEnv:
         for i in range(len(self.envs)):
             ids = self.token_ids[i]
             complete = bool(ids) and all(t is not None for t in ids)
+            cut = self.truncated[i]
+            known = bool(cut) and all(c is not None for c in cut)
             records.append(
                 EpisodeRollout(
                     messages=tuple(dict(m) for m in self.messages[i]),
@@ -147,6 +169,7 @@ class BatchedEnv:
                     group_id=self.group_ids[i],
                     action_token_ids=tuple(ids) if complete else None,  # type: ignore[arg-type]
                     truncated=not self.done[i],
+                    action_truncated=tuple(cut) if known else None,  # type: ignore[arg-type]
                 )
             )
         return records

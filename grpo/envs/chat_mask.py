@@ -19,7 +19,10 @@ so a misaligned mask is never returned. Departures from picoRL:
 - when the sampled token ids of the assistant turns are given (token-in/token-out),
   they replace the template's re-tokenisation of those turns, so the sequence
   trained on holds exactly what was sampled even if re-tokenising the text
-  would give other ids.
+  would give other ids. What the template writes after a turn's end-of-turn token
+  (Qwen's newline after ``<|im_end|>``), or the whole closing of a turn the token
+  limit cut short, follows the sampled ids unmasked, as the next turn's prompt
+  held it when that turn was sampled.
 """
 
 from __future__ import annotations
@@ -112,12 +115,18 @@ def tokenize_with_assistant_mask(
             mask += [False] * (len(header) - len(rendered))
             full = encode_chat(tokenizer, messages[: i + 1])
             _check_prefix(header, full, i, f"messages[:{i + 1}]")
-            span = full[len(header) :]
+            span, sampled = full[len(header) :], None
             if action_token_ids is not None:
-                span = [int(t) for t in action_token_ids[turn]]  # what was actually sampled
+                sampled = [int(t) for t in action_token_ids[turn]]  # what was actually sampled
             turn += 1
-            input_ids += span
-            mask += [True] * len(span)
+            if sampled is None:
+                input_ids += span
+                mask += [True] * len(span)
+            else:
+                closing = _closing(tokenizer, messages[:i], header, full, i)
+                tail = closing[_overlap(sampled, closing) :]  # the template's, never sampled
+                input_ids += sampled + tail
+                mask += [True] * len(sampled) + [False] * len(tail)
         else:
             full = encode_chat(tokenizer, messages[: i + 1])
             _check_prefix(rendered, full, i, f"messages[:{i + 1}]")
@@ -125,6 +134,34 @@ def tokenize_with_assistant_mask(
             mask += [False] * (len(full) - len(rendered))
         rendered = full
     return ChatTokens(input_ids, mask)
+
+
+def _closing(
+    tokenizer: Any, before: list[Message], header: list[int], full: list[int], index: int
+) -> list[int]:
+    """The tokens the template closes an assistant turn with: its rendering of an empty one
+    after the generation prompt `header` (``<|im_end|>`` and a newline, say), checked to end
+    `full`, its rendering of the turn itself (a template that writes an empty turn otherwise,
+    a reasoning block say, raises)."""
+    empty = encode_chat(tokenizer, [*before, {"role": "assistant", "content": ""}])
+    _check_prefix(header, empty, index, f"an empty assistant message at messages[{index}]")
+    closing = empty[len(header) :]
+    if full[len(full) - len(closing) :] != closing:
+        raise ChatTemplateError(
+            f"the chat template closes an empty assistant message at messages[{index}] with "
+            "other tokens than it closes that message with, so the tokens after its sampled "
+            "ids are not known; score these episodes turn by turn (scoring='turns')"
+        )
+    return closing
+
+
+def _overlap(sampled: list[int], closing: list[int]) -> int:
+    """The length of the longest end of `sampled` that begins `closing` (the end-of-turn
+    token the model sampled itself): 0 for a turn the token limit cut short."""
+    for k in range(min(len(sampled), len(closing)), 0, -1):
+        if sampled[-k:] == closing[:k]:
+            return k
+    return 0
 
 
 def rollout_tokens(

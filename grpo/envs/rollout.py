@@ -28,6 +28,7 @@ class AgentOutput(NamedTuple):
 
     texts: list[str]  # one assistant text per conversation
     token_ids: list[list[int]] | None = None  # the sampled ids of each text, when known
+    truncated: list[bool] | None = None  # each text hit the sampler's token limit, when known
 
 
 @runtime_checkable
@@ -47,6 +48,10 @@ def _agent_output(output: Any, expected: int) -> AgentOutput:
     if output.token_ids is not None and len(output.token_ids) != expected:
         raise ValueError(
             f"the agent returned {len(output.token_ids)} token id lists for {expected} conversations"
+        )
+    if output.truncated is not None and len(output.truncated) != expected:
+        raise ValueError(
+            f"the agent returned {len(output.truncated)} truncated flags for {expected} conversations"
         )
     return output
 
@@ -78,5 +83,7 @@ def collect_rollouts(
         if not active:
             break
         output = _agent_output(agent(batched.conversations(active)), len(active))
-        batched.step(output.texts, token_ids=output.token_ids, parser=parser)
+        batched.step(
+            output.texts, token_ids=output.token_ids, truncated=output.truncated, parser=parser
+        )
     return batched.rollouts()

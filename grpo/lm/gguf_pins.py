@@ -123,6 +123,12 @@ def pin_config(config: Any, pins: Mapping[str, Any], metadata: Mapping[str, Any]
                     f"the GGUF file's {key} = {metadata[key]!r} means {field} = {from_file!r}, "
                     f"but the conversion pins {field} = {value!r}: not the file the pin was written for"
                 )
+        first = field.split(".")[0]
+        if not isinstance(config, dict) and not hasattr(config, first):
+            raise ConversionError(  # a field the model never reads would pin nothing
+                f"the conversion pins {field} = {value!r}, but the config transformers builds has "
+                f"no field {first!r}: this transformers version spells it otherwise"
+            )
         read = _get(config, field)
         _set(config, field, value)
         record[field] = {"pinned": _get(config, field), "transformers_read": read,

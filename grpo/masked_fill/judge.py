@@ -7,7 +7,9 @@ probability that a window is real text, so that `GRPOTrainer` can use it.
 
 The judge is frozen once, at construction: eval mode, `requires_grad=False`,
 and `train()` keeps it in eval mode, so nothing in a training loop can change
-it. Scores are computed under `torch.no_grad()` in batches of `batch_size`.
+it. Scores are computed under `torch.no_grad()` in batches of `batch_size`. Sequences
+of different lengths are padded with `pad_token_id`; the judge is told where the padding
+is when it is a `transformers` model or its forward takes `attention_mask`.
 
 Departure from the fill-in plan: the judge scores token ids directly (the fill's
 own vocabulary) rather than decoded text, so a character-level judge needs
@@ -21,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from grpo.masked_fill.policy import forward_padded, pad_rows
 
 __all__ = ["TokenJudgeReward"]
 
@@ -64,11 +68,13 @@ class TokenJudgeReward:
         rows = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
         if not rows:
             raise ValueError("sequences is empty: expected at least one token-id sequence")
-        ids = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=self.pad_token_id)
+        ids, attention = pad_rows(rows, self.pad_token_id)  # (N, T), (N, T) True = real token
         scores = []
         for start in range(0, len(rows), self.batch_size):
-            batch = ids[start : start + self.batch_size].to(self.device)  # (b, T)
-            output = self.judge(batch)
+            batch = slice(start, start + self.batch_size)
+            output = forward_padded(
+                self.judge, ids[batch].to(self.device), attention[batch].to(self.device)
+            )
             scores.append(self.score(getattr(output, "logits", output)).float().cpu())
         rewards = torch.cat(scores)  # (N,)
         if rewards.shape != (len(rows),):

@@ -41,6 +41,7 @@ Departures from the fill-in plan:
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,6 +70,29 @@ def _mean_over_mask(logprobs: Tensor, completion_mask: Tensor) -> Tensor:
     # An input without masked positions has an empty action: log-prob 0, not 0/0.
     count = completion_mask.sum(-1).clamp(min=1)  # (N,)
     return (logprobs * completion_mask).sum(-1) / count  # (N,)
+
+
+def pad_rows(rows: Sequence[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    """1-D id rows right-padded with `pad` -> ids (N, T), and attention (N, T), True = a real
+    token; T is the longest row."""
+    lengths = torch.tensor([row.numel() for row in rows])  # (N,)
+    ids = torch.full((len(rows), int(lengths.max())), pad, dtype=torch.long)  # (N, T)
+    for n, row in enumerate(rows):
+        ids[n, : row.numel()] = row
+    return ids, torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+
+
+def forward_padded(model: nn.Module, ids: Tensor, attention: Tensor) -> Any:
+    """`model`'s output for padded ids (N, T), told where the padding is (attention (N, T),
+    True = a real token) when it can be: a `transformers` model, or a module whose forward
+    takes `attention_mask`. Any other module sees the padding tokens as tokens."""
+    if hasattr(model, "config") and hasattr(model, "get_input_embeddings"):
+        return model(input_ids=ids, attention_mask=attention.long())
+    try:
+        takes_mask = "attention_mask" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature
+        takes_mask = False
+    return model(ids, attention_mask=attention.long()) if takes_mask else model(ids)
 
 
 REDUCTIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
@@ -131,6 +155,11 @@ class MaskedFillConfig:
                 raise ValueError(
                     f"MaskedFillConfig.{field}={value!r} is invalid: expected {allowed}"
                 )
+        if self.pad_token_id == self.mask_token_id:  # padding would be filled and scored
+            raise ValueError(
+                f"MaskedFillConfig.pad_token_id={self.pad_token_id!r} equals mask_token_id: "
+                "padding must differ from the mask, or padded positions would be filled"
+            )
         if self.autocast_dtype is not None:  # the older spelling wins where it was set
             self.precision = self.autocast_dtype
             self.autocast_dtype = None
@@ -203,10 +232,7 @@ class MaskedFillPolicy:
                 "set MaskedFillConfig.pad_token_id to pad them"
             )
         pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        ids = torch.full((len(rows), T), pad, dtype=torch.long)  # (N, T)
-        for n, row in enumerate(rows):
-            ids[n, : row.numel()] = row
-        attention = torch.arange(T)[None, :] < lengths[:, None]  # (N, T) True = real token
+        ids, attention = pad_rows(rows, pad)
         return ids.to(self.device), attention.to(self.device)
 
     @contextmanager
@@ -226,10 +252,7 @@ class MaskedFillPolicy:
         Eval mode when sampling, and in every pass with `disable_dropout`."""
         autocast = compute_precision(self.config.precision, ids.device.type)
         with self._eval_mode(always=sampling), autocast:
-            if hasattr(self.model, "config") and hasattr(self.model, "get_input_embeddings"):
-                out = self.model(input_ids=ids, attention_mask=attention.long())
-            else:  # a user's module: padded positions are never masked, so never scored
-                out = self.model(ids)
+            out = forward_padded(self.model, ids, attention)
         logits = getattr(out, "logits", out)
         if not isinstance(logits, Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape:
             got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -258,6 +281,8 @@ class MaskedFillPolicy:
         """One sampled fill per state: (N,) states -> actions (N, T) on the CPU (padded)."""
         ids, attention = self._collate(states, "states")
         completion_mask = ids == self.config.mask_token_id  # (N, T)
+        if not bool(completion_mask.any()):  # nothing to fill: every action is its state
+            return ids.cpu()
         logits = self._logits(ids, attention, sampling=True)  # (N, T, V)
         masked = self._masked_logits(logits, completion_mask)  # (M, V)
         # nucleus truncation as every engine applies it (Holtzman et al. 2020)
@@ -293,6 +318,12 @@ class MaskedFillPolicy:
             )
         ids, attention = self._collate(states, "states")
         action_ids, _ = self._collate(actions, "actions")
+        for n, (state, action) in enumerate(zip(states, actions, strict=True)):
+            if len(action) != len(state):  # padding would hide it
+                raise ValueError(
+                    f"actions[{n}] has {len(action)} tokens, states[{n}] {len(state)}: "
+                    "each action must have its state's length"
+                )
         self._check_actions(ids, attention, action_ids)
         completion_mask = ids == self.config.mask_token_id  # (N, T)
         masked = self._masked_logits(self._logits(ids, attention), completion_mask)  # (M, V)
@@ -314,11 +345,6 @@ class MaskedFillPolicy:
         return REDUCTIONS[self.config.reduction](token.logprobs, token.completion_mask)
 
     def _check_actions(self, ids: Tensor, attention: Tensor, action_ids: Tensor) -> None:
-        if action_ids.shape != ids.shape:
-            raise ValueError(
-                f"actions have shape {tuple(action_ids.shape)} after padding, states {tuple(ids.shape)}: "
-                "each action must have its state's length"
-            )
         kept = attention & (ids != self.config.mask_token_id)  # (N, T) positions copied through
         changed = (kept & (action_ids != ids)).any(-1)  # (N,)
         if bool(changed.any()):

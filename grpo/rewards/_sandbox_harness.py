@@ -65,8 +65,10 @@ def _run_io(code, inputs):
         }
     outputs = []
     for stdin_text in inputs:
-        out = io.StringIO()
-        sys.stdin = io.StringIO(stdin_text)
+        # Text streams over bytes, as a real process has: `sys.stdin.buffer.readline` and
+        # `sys.stdout.buffer.write`, the competitive-programming idioms, work too.
+        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
         try:
             with contextlib.redirect_stdout(out):
                 try:
@@ -79,7 +81,8 @@ def _run_io(code, inputs):
         except BaseException:  # noqa: BLE001 - a crashing case is a failed case
             outputs.append(None)
             continue
-        outputs.append(out.getvalue())
+        out.flush()
+        outputs.append(out.buffer.getvalue().decode("utf-8", errors="replace"))
     return {"outputs": outputs}
 
 

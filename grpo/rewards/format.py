@@ -9,9 +9,11 @@ Two families, both text reward callables following the library's contract
 - `regex_format_reward(pattern)`: the whole completion matches a regular expression.
 
 Both give `reward` when the format holds and `penalty` otherwise. With
-``partial=True`` the tag reward instead gives a share of `reward` per tag that
-appears exactly once, a denser signal for small models (a departure from the
-all-or-nothing R1 check, off by default).
+``partial=True`` the tag reward instead pays in shares, a denser signal for small
+models (a departure from the all-or-nothing R1 check, off by default): of
+``len(tags) + 1`` equal shares of ``reward - penalty``, one per tag that appears
+exactly once and the last for the whole format holding, so tags in the wrong order
+or with text around them earn less than the format itself.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def tag_format_reward(
         if not partial:
             return penalty
         once = sum(text.count(f"<{t}>") == 1 and text.count(f"</{t}>") == 1 for t in tags)
-        return penalty + (reward - penalty) * once / len(tags)
+        return penalty + (reward - penalty) * once / (len(tags) + 1)  # the last share: whole
 
     def tag_format(prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
         return [score(completion_text(c, i)) for i, c in enumerate(completions)]

@@ -10,7 +10,10 @@ toggles every model's mode cannot unfreeze it.
 
 The module's output (a tensor, or an object with `.logits`) is read by one of
 the named readouts in `READOUTS`: the probability or logit of one class of a
-classifier, or a single scalar per text. It is both a text reward callable
+classifier, or a single scalar per text; a readout that does not give one score
+per text, or a `label` outside the classifier's classes, is an error. A chat prompt
+(a list of messages) is read whole: its messages' contents, one after another,
+each on its own line. It is both a text reward callable
 ``judge(prompts, completions, **columns) -> list[float]`` and a framework-API
 `RewardModel` (`compute_rewards(states, actions) -> (N,)`).
 """
@@ -28,12 +31,25 @@ from grpo.rewards.parsers import completion_text
 __all__ = ["JudgeReward", "READOUTS"]
 
 
+def _classes(logits: Tensor, label: int, readout: str, least: int) -> Tensor:
+    """(N, C) logits of a classifier, checked: 2-D, at least `least` classes, `label` < C."""
+    if logits.dim() != 2 or logits.shape[1] < least:
+        raise ValueError(
+            f"readout {readout!r} needs (texts, classes) logits with at least {least} classes, "
+            f"got shape {tuple(logits.shape)}"
+            + ("; for one logit per text use readout 'sigmoid' or 'scalar'" if least > 1 else "")
+        )
+    if not 0 <= label < logits.shape[1]:
+        raise ValueError(f"label={label} is not a class of the judge's {logits.shape[1]}")
+    return logits.float()
+
+
 def _class_probability(logits: Tensor, label: int) -> Tensor:
-    return torch.softmax(logits.float(), dim=-1)[:, label]  # (N, C) -> (N,)
+    return torch.softmax(_classes(logits, label, "probability", 2), dim=-1)[:, label]  # (N,)
 
 
 def _class_logit(logits: Tensor, label: int) -> Tensor:
-    return logits.float()[:, label]  # (N, C) -> (N,)
+    return _classes(logits, label, "logit", 1)[:, label]  # (N, C) -> (N,)
 
 
 def _scalar(logits: Tensor, label: int) -> Tensor:
@@ -104,7 +120,15 @@ class JudgeReward:
                     f"the judge model returned {type(output).__name__}; expected a tensor "
                     "or an object with a .logits tensor"
                 )
-            scores.append(READOUTS[self.readout](logits, self.label).cpu())
+            batch = READOUTS[self.readout](logits, self.label).cpu()
+            expected = min(self.batch_size, len(texts) - start)
+            if batch.shape != (expected,):
+                raise ValueError(
+                    f"readout {self.readout!r} of the judge's output (shape {tuple(logits.shape)}) "
+                    f"gave shape {tuple(batch.shape)} for a batch of {expected} texts: expected "
+                    "one score per text"
+                )
+            scores.append(batch)
         return torch.cat(scores) if scores else torch.zeros(0)
 
     def _forward(self, inputs: Tensor | dict[str, Tensor]) -> Any:
@@ -127,7 +151,7 @@ class JudgeReward:
         if not self.include_prompt:
             return bodies
         return [
-            completion_text(p, i) + self.separator + b
+            _prompt_text(p, i) + self.separator + b
             for i, (p, b) in enumerate(zip(prompts, bodies, strict=True))
         ]
 
@@ -151,6 +175,22 @@ class JudgeReward:
     def train(self, mode: bool = True) -> JudgeReward:
         """No-op: the judge stays in eval mode and frozen."""
         return self
+
+
+def _prompt_text(prompt: Any, index: int) -> str:
+    """A prompt as the judge reads it: a string, or a chat's messages' contents line by line."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and isinstance(prompt.get("content"), str):
+        return prompt["content"]  # one message
+    if isinstance(prompt, Sequence) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt
+    ):
+        return "\n".join(m["content"] for m in prompt)
+    raise TypeError(
+        f"prompts[{index}] must be a str or a list of chat messages ({{'role', 'content'}} "
+        f"dicts), got {type(prompt).__name__}"
+    )
 
 
 def _module_device(model: nn.Module) -> torch.device:

@@ -195,6 +195,9 @@ def run_code(
         )
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
+    for name, given in (("asserts", asserts), ("io_pairs", io_pairs)):
+        if isinstance(given, (str, bytes)):  # a str is a Sequence: it would run char by char
+            raise TypeError(f"{name} must be a list, got a {type(given).__name__}: {given[:60]!r}")
     if asserts is not None:
         checks = [parse_check(str(test)) for test in asserts]
         if not checks:
@@ -277,9 +280,17 @@ def _stopped(status: int | None, report: bytes, total: int) -> SandboxResult | N
     if status == _MEMORY_EXIT:
         return SandboxResult(0, total, "memory", "MemoryError under the address-space limit")
     if status != 0:
-        signal_name = signal.Signals(-status).name if status < 0 else f"exit status {status}"
+        signal_name = _signal_name(-status) if status < 0 else f"exit status {status}"
         return SandboxResult(0, total, "crashed", signal_name)
     return None
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL and the like; real-time signals have no name in `signal.Signals`."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _first_json_line(report: bytes) -> dict[str, Any]:
@@ -336,13 +347,30 @@ def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
+_PYTHON_TAGS = ("python", "python3", "py")
 
 
 def extract_code(text: str) -> str:
-    """The last fenced code block of `text` (```python ... ```), or the whole text if none."""
+    """The code of `text`'s fenced blocks: the last one tagged Python (```python, ```Python,
+    ```py, ```python3), else the last untagged one, else the whole text."""
     blocks = _FENCE.findall(text)
-    return blocks[-1] if blocks else text
+    python = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
+    untagged = [code for tag, code in blocks if not tag]
+    return (python or untagged or [text])[-1]
+
+
+def _cell(column: str, index: int, value: Any) -> list[Any] | None:
+    """A row's `tests` or `io_pairs` as a list (None or empty: the row has none); a numpy array
+    or other sequence from a dataset becomes a list, a str is refused (it is not a list)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(
+            f"{column}[{index}] must be a list (of assert statements, or of (stdin, stdout) "
+            f"pairs), got a {type(value).__name__}: {str(value)[:60]!r}"
+        )
+    return list(value)
 
 
 def code_execution_reward(
@@ -362,6 +390,7 @@ def code_execution_reward(
         raise ValueError(f"max_workers must be a positive integer, got {max_workers!r}")
 
     def score_row(index: int, completion: Any, row_tests: Any, row_pairs: Any) -> float | None:
+        row_tests, row_pairs = _cell("tests", index, row_tests), _cell("io_pairs", index, row_pairs)
         if not row_tests and not row_pairs:
             return None
         code = extract(completion_text(completion, index))
@@ -376,6 +405,11 @@ def code_execution_reward(
         io_pairs: Sequence[Sequence[tuple[str, str]] | None] | None = None,
         **_: Any,
     ) -> list[float | None]:
+        for name, column in (("tests", tests), ("io_pairs", io_pairs)):
+            if column is not None and len(column) != len(completions):
+                raise ValueError(
+                    f"the {name} column has {len(column)} rows for {len(completions)} completions"
+                )
         rows = [
             (
                 i,

@@ -52,7 +52,11 @@ class TextTrainer:
         tokenizer: Any = None,
     ) -> None:
         """`model`: a local model folder, or a transformers causal LM object (then give its
-        `tokenizer`). `rewards`: a `TextReward`, one reward function, a list of them, or a dict
+        `tokenizer`; the object itself is trained, so a second `train()` continues from where
+        the first left it, and the config's model.lora, model.freeze, model.dtype and
+        model.device, which apply to a folder as it loads, must be left unset: set the object
+        up before, with `grpo.lm.loading.apply_lora` and `freeze_parameters` and its own
+        `.to()`). `rewards`: a `TextReward`, one reward function, a list of them, or a dict
         name -> function (summed with weight 1). `config`: the run's settings, as `grpo train`
         reads them (`overrides` are `--set` items, e.g. "schedule.num_steps=10"); its `task`
         section is not used. `accuracy`: optional function scoring 1 = correct, the headline of
@@ -72,6 +76,8 @@ class TextTrainer:
         self._tokenizer = tokenizer
         if self._model is not None and tokenizer is None:
             raise ValueError("tokenizer: got None with a model object; allowed: its tokenizer")
+        if self._model is not None:
+            _check_object_settings(self.config)
         self.parts: TaskParts | None = None
         """The policy, reward, states and evaluation of the run, once `train` has built them."""
 
@@ -95,6 +101,19 @@ class TextTrainer:
         """Run to the end (`resume`: continue the run in `config.run.dir` from its last
         checkpoint); returns the summary: the first and last evaluations, steps, seconds."""
         return train(copy.deepcopy(self.config), self.build_parts, resume=resume)
+
+
+def _check_object_settings(config: RunConfig) -> None:
+    """Refuse model settings that only a folder's loading applies, given a model object."""
+    m = config.model
+    unset = {"lora": (m.lora, None), "freeze": (m.freeze, []), "dtype": (m.dtype, "auto"),
+             "device": (m.device, "auto")}  # fmt: skip
+    for name, (value, default) in unset.items():
+        if value != default:
+            raise ConfigError(
+                f"model.{name}: got {value!r} with a model object; it applies to a model loaded "
+                f"from a folder: leave it {default!r} and set the object up before passing it"
+            )
 
 
 def _run_config(

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import build_tiny_causal_lm, load_tiny_causal_lm, spans
+from tiny_models import CHAT_TEMPLATE, build_tiny_causal_lm, load_tiny_causal_lm, spans
 
 from grpo.config import GRPOConfig
 from grpo.envs.agent import EpisodePolicy, EpisodeReward, PolicyAgent
@@ -165,6 +165,48 @@ def test_conversation_scoring_matches_turn_scoring_on_aligned_episodes(model_pat
     torch.testing.assert_close(counted, turns.logprobs[turns.completion_mask], rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_conversation_scoring_matches_turn_scoring_with_text_after_the_end_of_turn(model_path):
+    """A template that writes a newline after each <|end|> (as Qwen's after <|im_end|>), and a
+    turn cut short without its <|end|>: one-pass scoring still puts each turn in the context
+    it was sampled in, the template's closing tokens after the sampled ids, unmasked."""
+    policy = make_policy(model_path)
+    tokenizer = policy.tokenizer
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("<|end|>", "<|end|>\n")
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    texts = ["a b", "yes", "no c"]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ids = [ids[0] + [end], ids[1], ids[2] + [end]]  # the second turn hit the token limit
+    rollouts = collect_rollouts(
+        [GuessNumberEnv(3, GAME)],
+        lambda convs: AgentOutput([texts[len(convs[0]) // 2]], [ids[len(convs[0]) // 2]]),
+    )
+    turns = EpisodePolicy(policy, GuessNumberEnv).get_token_log_probabilities([3], rollouts)
+    whole = EpisodePolicy(
+        policy, GuessNumberEnv, scoring="conversation"
+    ).get_token_log_probabilities([3], rollouts)
+    counted = whole.logprobs[whole.completion_mask]
+    assert counted.shape[0] == sum(len(i) for i in ids) == int(turns.completion_mask.sum())
+    torch.testing.assert_close(counted, turns.logprobs[turns.completion_mask], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_conversation_scoring_runs_micro_batches(model_path):
+    """micro_batch_size conversations a pass: one at a time gives what all at once gives, the
+    rows laid out to the longest conversation."""
+    policy = make_policy(model_path)
+    rollouts = collect_rollouts(
+        [GuessNumberEnv(s, GAME) for s in (1, 2, 3, 4, 2)], PolicyAgent(policy), max_turns=3
+    )
+    episodes = EpisodePolicy(policy, GuessNumberEnv, scoring="conversation")
+    policy.settings.micro_batch_size = 8
+    whole = episodes.get_token_log_probabilities([0] * 5, rollouts)
+    policy.settings.micro_batch_size = 2
+    parts = episodes.get_token_log_probabilities([0] * 5, rollouts)
+    assert torch.equal(parts.completion_mask, whole.completion_mask)
+    torch.testing.assert_close(parts.logprobs, whole.logprobs, rtol=1e-5, atol=1e-6)
+
+
 def test_conversation_scoring_trains_text_only_episodes(model_path):
     """Episodes without sampled ids can be scored in one pass; an unknown scorer name is refused."""
     policy = make_policy(model_path)
@@ -222,3 +264,68 @@ def test_multi_turn_grpo_improves_held_out_reward(tiny_lm_dir):
         trainer.train_step(["a", "b", "c", "d"])
     after = held_out_reward()
     assert after >= 0.4 and after > before + 0.3, (before, after)
+
+
+class FewShotEnv:
+    """Shows a worked example as an assistant message: the agent did not say it."""
+
+    def reset(self):
+        return [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
+
+    def step(self, action):
+        return None, True
+
+    def reward(self):
+        return 0.0
+
+
+def test_environment_assistant_messages_are_refused():
+    """Every assistant message of an episode is scored as the agent's turn, so an environment
+    that speaks as the assistant is refused by name, and a hand-built record whose assistant
+    messages outnumber its actions is refused too."""
+    with pytest.raises(ValueError, match=r"envs\[0\]\.reset\(\)\[1\] is an assistant message"):
+        collect_rollouts([FewShotEnv()], lambda convs: ["3"] * len(convs))
+    from grpo.envs.base import EpisodeRollout
+
+    messages = ({"role": "user", "content": "1"}, {"role": "assistant", "content": "2"})
+    with pytest.raises(ValueError, match="1 assistant messages for 0 actions"):
+        EpisodeRollout(messages=messages, rewards=(), actions=())
+
+
+def test_sampling_that_scoring_would_not_match_is_refused(model_path):
+    """Overrides of temperature / top-k / top-p, a policy sampling with top-k, and truncation
+    masking under one-pass scoring would train episodes as if sampled otherwise: refused."""
+    policy = make_policy(model_path)
+    with pytest.raises(ValueError, match="temperature would sample the episodes"):
+        EpisodePolicy(policy, GuessNumberEnv, temperature=0.7)
+    with pytest.raises(ValueError, match="do_sample would sample the episodes"):
+        EpisodePolicy(policy, GuessNumberEnv, do_sample=False)
+    EpisodePolicy(policy, GuessNumberEnv, max_new_tokens=2, temperature=1.0)  # the same one
+    policy.rollout_engine.tis_cap = 2.0  # as an engine sampling otherwise than the scorer has
+    with pytest.raises(ValueError, match="rollout.tis_cap asks for importance weights"):
+        EpisodePolicy(policy, GuessNumberEnv)
+    policy.rollout_engine.tis_cap = None
+    policy.settings.generation = GenerationSettings(max_new_tokens=4, top_k=5)
+    with pytest.raises(ValueError, match="samples with top_k or top_p"):
+        EpisodePolicy(policy, GuessNumberEnv)
+    policy.settings.generation = GenerationSettings(max_new_tokens=4)
+    policy.settings.mask_truncated_completions = True
+    with pytest.raises(ValueError, match="needs scoring='turns'"):
+        EpisodePolicy(policy, GuessNumberEnv, scoring="conversation")
+
+
+@torch.no_grad()
+def test_turns_cut_at_the_token_limit_are_masked_when_asked(model_path):
+    """PolicyAgent reports which turns hit max_new_tokens; with mask_truncated_completions
+    exactly those turns count no token, and the others count all of theirs."""
+    policy = make_policy(model_path)
+    policy.settings.mask_truncated_completions = True
+    episodes = EpisodePolicy(policy, GuessNumberEnv, max_turns=3)
+    [group] = episodes.generate_actions([2], 4)
+    flags = [cut for rollout in group for cut in rollout.action_truncated]
+    assert True in flags  # max_new_tokens=4 cuts most turns of the untrained model
+    scored = episodes.get_token_log_probabilities([2] * 4, group)
+    for n, rollout in enumerate(group):
+        kept = sum(len(ids) for ids, cut in zip(rollout.action_token_ids, rollout.action_truncated, strict=True)
+                   if not cut)  # fmt: skip
+        assert int(scored.completion_mask[n].sum()) == kept

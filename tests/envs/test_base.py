@@ -11,7 +11,12 @@ from grpo.tasks.guess_number import GuessNumberEnv
 def test_episode_rollout_record():
     """total_reward sums the per-turn rewards; turns counts actions; the record is frozen."""
     rollout = EpisodeRollout(
-        messages=({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}),
+        messages=(
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "b"},
+        ),
         rewards=(0.25, 0.5),
         actions=("a", "b"),
         group_id=3,

@@ -72,6 +72,19 @@ def test_truncated_and_token_ids():
     rollouts = batched.rollouts()
     assert rollouts[0].action_token_ids == ((1, 2),) and rollouts[1].action_token_ids is None
     assert all(r.truncated for r in rollouts) and [r.group_id for r in rollouts] == ["g", "g"]
+    assert all(r.action_truncated is None for r in rollouts)  # the agent did not say
+
+
+def test_turns_cut_at_the_token_limit_are_kept_per_turn():
+    """The agent's truncated flags are kept turn by turn; a turn without one leaves None."""
+    batched = BatchedEnv([CountdownEnv(5), CountdownEnv(5)])
+    batched.reset()
+    batched.step(["x", "y"], truncated=[True, False])
+    batched.step(["x", "y"], truncated=[False, None])
+    first, second = batched.rollouts()
+    assert first.action_truncated == (True, False) and second.action_truncated is None
+    with pytest.raises(ValueError, match="1 truncated flags for 2 active"):
+        batched.step(["x", "y"], truncated=[True])
 
 
 def test_bad_use_is_reported():
@@ -86,3 +99,10 @@ def test_bad_use_is_reported():
         batched.step(["a", "b"])
     with pytest.raises(ValueError, match="group_ids"):
         BatchedEnv([CountdownEnv(1)], group_ids=[1, 2])
+
+
+def test_one_environment_object_twice_is_refused():
+    """Two episodes sharing one env object would share its state: refused, naming both."""
+    env = CountdownEnv(2)
+    with pytest.raises(ValueError, match=r"envs\[0\] and envs\[2\] are the same object"):
+        BatchedEnv([env, CountdownEnv(2), env])

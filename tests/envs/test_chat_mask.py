@@ -74,15 +74,38 @@ def test_non_append_only_template_is_caught():
 
 
 def test_sampled_ids_replace_retokenisation():
-    """Token-in/token-out: the sampled ids of each assistant turn are used as they are and masked."""
+    """Token-in/token-out: the sampled ids of each assistant turn are used as they are and
+    masked; the template's closing <end>, which the model did not sample, follows unmasked."""
     sampled = [[11, 1], [13, 12, 1]]  # "8 <eos>", "11 12 <eos>": not what re-tokenising gives
     tokens = tokenize_with_assistant_mask(
         make_tokenizer(APPEND_ONLY), CONVERSATION, action_token_ids=sampled
     )
-    assert tokens.input_ids[8:11] == [3, 11, 1] and tokens.input_ids[14:18] == [3, 13, 12, 1]
-    assert (
-        tokens.assistant_mask == [False] * 9 + [True, True] + [False] * 4 + [True] * 3 + [False] * 3
+    assert tokens.input_ids[8:12] == [3, 11, 1, 4] and tokens.input_ids[15:20] == [3, 13, 12, 1, 4]
+    assert tokens.assistant_mask == (
+        [False] * 9 + [True, True] + [False] * 5 + [True] * 3 + [False] * 4
     )
+
+
+# Writes a token after each message's <end>, as Qwen's template writes a newline after <|im_end|>.
+TRAILING = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} <end> <eos> {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+
+
+def test_template_tokens_after_the_sampled_end_of_turn_follow_unmasked():
+    """What the template writes after the end-of-turn token the model sampled (<eos> here), and
+    the whole closing of a turn cut short, are in the sequence, unmasked: the sequence equals
+    the template's rendering of the conversation, so each later turn is scored in the context
+    it was sampled in."""
+    tokenizer = make_tokenizer(TRAILING)
+    sampled = [[11, 4], [12]]  # "8 <end>" (ended by the model), "12" (cut at the token limit)
+    tokens = tokenize_with_assistant_mask(tokenizer, CONVERSATION, action_token_ids=sampled)
+    assert tokens.input_ids == tokenizer.apply_chat_template(
+        CONVERSATION, tokenize=True, return_dict=False
+    )
+    assert [t for t, m in zip(tokens.input_ids, tokens.assistant_mask, strict=True) if m] == [11, 4, 12]
+    assert tokens.input_ids[10:12] == [3, 11] and tokens.assistant_mask[12:14] == [True, False]
 
 
 def test_rollout_tokens_uses_the_episode_ids():
@@ -94,8 +117,8 @@ def test_rollout_tokens_uses_the_episode_ids():
         action_token_ids=((11,), (12,)),
     )
     tokens = rollout_tokens(make_tokenizer(APPEND_ONLY), rollout)
-    assert tokens.input_ids == [2, 5, 6, 7, 4, 3, 11, 2, 8, 4, 3, 12]
-    assert sum(tokens.assistant_mask) == 2
+    assert tokens.input_ids == [2, 5, 6, 7, 4, 3, 11, 4, 2, 8, 4, 3, 12, 4]
+    assert [t for t, m in zip(tokens.input_ids, tokens.assistant_mask, strict=True) if m] == [11, 12]
 
 
 def test_bad_inputs():

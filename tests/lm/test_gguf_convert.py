@@ -84,12 +84,19 @@ def test_check_folder_names_a_changed_file(converted, tmp_path):
 
 
 def test_a_model_that_never_ends_its_turn_is_not_published(tmp_path):
-    """The greedy probe must reach `<|im_end|>`; otherwise an error and no folder."""
+    """The greedy probe must reach `<|im_end|>`; otherwise an error, no folder, and no
+    half-written `out.partial` left behind; a folder published before stays as it was."""
     gguf_path = write_tiny_gguf(tmp_path / "mute.gguf", eos_bias=-1.0)
     folder = tmp_path / "out"
     with pytest.raises(ConversionError, match="did not end with '<\\|im_end\\|>' within 8"):
         convert_gguf(gguf_path, folder, eos_token=EOS, probe=Probe(max_new_tokens=8))
-    assert not folder.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mute.gguf"]
+    folder.mkdir()
+    (folder / "kept").write_text("an earlier conversion")
+    with pytest.raises(ConversionError):
+        convert_gguf(gguf_path, folder, eos_token=EOS, probe=Probe(max_new_tokens=8))
+    assert [p.name for p in folder.iterdir()] == ["kept"]
+    assert not (tmp_path / "out.partial").exists()
 
 
 def test_an_eos_token_outside_the_vocabulary_is_refused(tmp_path):

@@ -56,6 +56,18 @@ def test_metadata_that_disagrees_with_a_pin_is_an_error_naming_the_key(key, valu
         pin_config({}, {field: pinned}, {**META, key: value})
 
 
+def test_a_pin_on_a_field_the_config_does_not_have_is_an_error():
+    """On a transformers config, a pinned field it does not define would be set and read back
+    yet never read by the model (a transformers release that spells it otherwise): refused."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig()
+    pin_config(config, {"query_pre_attn_scalar": 32}, META)
+    assert config.query_pre_attn_scalar == 32
+    with pytest.raises(ConversionError, match="has no field 'rope_local_theta'"):
+        pin_config(config, {"rope_local_theta": 100.0}, META)
+
+
 def test_a_pattern_that_agrees_passes():
     """llama.cpp's pattern 2 (every second layer full) and its per-layer flags both mean LAYERS."""
     for pattern in (2, [True, False, True, False]):

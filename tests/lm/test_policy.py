@@ -143,6 +143,27 @@ def test_truncated_completions_can_be_dropped_from_the_loss(tiny_lm_dir):
     assert mask.tolist() == [[False, False], [True, True]]
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@torch.no_grad()
+def test_loss_token_counts_equal_the_scored_masks(tiny_lm_dir, masked):
+    """The trainer takes the loss denominator from loss_token_counts and the numerator from
+    the scored completion_mask: they count the same tokens, row by row, for a completion with
+    tokens after its EOS, one cut at the token limit (masked or not), one ended by EOS and
+    an empty one."""
+    policy = make_policy(tiny_lm_dir("qwen2"), mask_truncated_completions=masked)
+    tok, eos = policy.tokenizer, policy.tokenizer.eos_token_id
+    prompt = words(tok, "say")
+    actions = [
+        Completion("a b", words(tok, " a b") + [eos] + words(tok, " red"), prompt, False, True),
+        Completion("a b c", words(tok, " a b c"), prompt, truncated=True, finished_by_eos=False),
+        Completion("a", words(tok, " a") + [eos], prompt, truncated=False, finished_by_eos=True),
+        Completion("", [], prompt, truncated=False, finished_by_eos=False),
+    ]
+    counts = policy.loss_token_counts(["x"] * 4, actions)
+    mask = policy.get_token_log_probabilities(["x"] * 4, actions).completion_mask
+    assert counts.tolist() == mask.sum(1).tolist() == [3, 0 if masked else 3, 2, 0]
+
+
 def test_generate_groups_modes_and_masks(tiny_lm_dir):
     """G contiguous completions per state, sampled in eval mode without grad, train mode restored."""
     policy = make_policy(tiny_lm_dir("gpt2"), max_new_tokens=5).train()

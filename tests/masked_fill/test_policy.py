@@ -201,6 +201,54 @@ def test_bad_inputs_raise_clear_errors():
         policy.get_log_probabilities([[MASK, 2], [MASK, 2]], [[3, 2], [3, 4]])
     with pytest.raises(ValueError, match="pad_token_id"):
         policy.generate_actions([[MASK, 2], [MASK]], 2)
+    with pytest.raises(ValueError, match="pad_token_id=1 equals mask_token_id"):
+        MaskedFillConfig(mask_token_id=MASK, pad_token_id=MASK)
+
+
+def test_an_action_of_another_length_than_its_state_is_refused_by_row():
+    """Padding would hide a short (or long) action: each row's lengths are compared."""
+    policy = policy_for(torch.zeros(1, 4, 5), pad_token_id=PAD)
+    states = [[MASK, MASK], [2, 3, 4, MASK]]
+    with pytest.raises(ValueError, match=r"actions\[0\] has 1 tokens, states\[0\] 2"):
+        policy.get_token_log_probabilities(states, [[3], [2, 3, 4, 4]])
+    with pytest.raises(ValueError, match=r"actions\[1\] has 3 tokens, states\[1\] 4"):
+        policy.get_token_log_probabilities(states, [[3, 3], [2, 3, 4]])
+    with pytest.raises(ValueError, match=r"actions\[0\] has 3 tokens, states\[0\] 2"):
+        policy.get_token_log_probabilities(states, [[3, 3, 3], [2, 3, 4, 4]])
+
+
+def test_states_without_a_masked_position_are_their_own_actions():
+    """Nothing to fill: each action is its state, with log-prob 0 (no model call needed)."""
+    model = FixedLogits(torch.zeros(1, 3, 5))
+    policy = MaskedFillPolicy(model, MaskedFillConfig(mask_token_id=MASK, pad_token_id=PAD))
+    [[first, second]] = policy.generate_actions([[2, 3, 4]], 2)
+    assert first.tolist() == second.tolist() == [2, 3, 4] and model.seen == []
+    assert policy.get_log_probabilities([[2, 3, 4]], [first]).tolist() == [0.0]
+
+
+class AttendsToPadding(nn.Module):
+    """Bidirectional toy: every position's logits are scaled by the mean of the real tokens'
+    ids, which padding would shift unless the module is told where it is (attention_mask)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, ids: Tensor, attention_mask: Tensor) -> Tensor:
+        real = attention_mask.float()  # (N, T)
+        mean = (ids * real).sum(-1, keepdim=True) / real.sum(-1, keepdim=True)  # (N, 1)
+        return self.table[ids] * mean[..., None]  # (N, T, V)
+
+
+def test_a_users_module_that_takes_attention_mask_gets_it():
+    """A state scores the same alone and padded beside a longer one when the user's module
+    takes attention_mask: the policy passes the padding mask to it."""
+    policy = MaskedFillPolicy(
+        AttendsToPadding(6), MaskedFillConfig(mask_token_id=MASK, pad_token_id=PAD)
+    )
+    alone = policy.get_token_log_probabilities([[MASK, 2]], [[3, 2]]).logprobs
+    padded = policy.get_token_log_probabilities([[MASK, 2], [MASK, 2, 4, 5]], [[3, 2], [3, 2, 4, 5]])
+    torch.testing.assert_close(padded.logprobs[:1, :2], alone, rtol=0, atol=1e-6)
 
 
 def test_judge_reward_is_frozen_and_scores_each_sequence():
@@ -214,6 +262,26 @@ def test_judge_reward_is_frozen_and_scores_each_sequence():
     torch.testing.assert_close(rewards, expected, rtol=0, atol=0)
     assert not rewards.requires_grad and not judge.training
     assert not any(p.requires_grad for p in judge.parameters())
+
+
+class MeanRealId(nn.Module):
+    """A judge scoring a sequence by the mean of its real tokens' ids (padding left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids: Tensor, attention_mask: Tensor) -> Tensor:
+        real = attention_mask.float()  # (N, T)
+        return (ids * real).sum(-1) / real.sum(-1) + self.unused  # (N,)
+
+
+def test_judge_that_takes_attention_mask_is_told_where_padding_is():
+    """Sequences of different lengths, padded together: a judge taking attention_mask scores
+    each as alone (padding with id 0 would pull the short one's mean down)."""
+    reward = TokenJudgeReward(MeanRealId(), pad_token_id=0, batch_size=3)
+    scores = reward.score_sequences([[2, 3], [4, 4, 4, 4], [5]])
+    assert scores.tolist() == [2.5, 4.0, 5.0]
 
 
 K = 4  # ordinary tokens 2..5 follow the chain x_t = x_{t-1} + 1 (mod K) in "real" sequences

@@ -20,12 +20,17 @@ def test_tag_format_exact_values():
 
 
 def test_tag_format_partial_credit():
-    """partial=True pays a share of the reward per tag present exactly once."""
-    reward = tag_format_reward(("think", "answer"), partial=True)
-    scores = reward(
-        ["", "", ""], ["<answer>1</answer>", "junk", "<think></think><answer></answer>"]
-    )
-    assert scores == [0.5, 0.0, 1.0]
+    """partial=True pays a third of the reward per tag present exactly once (two tags) and
+    the last third only for the whole format: wrong order or trailing text earn less."""
+    reward = tag_format_reward(("think", "answer"), reward=3.0, penalty=-3.0, partial=True)
+    completions = [
+        "<answer>1</answer>",  # one tag: one share of 6 over 3
+        "junk",  # none
+        "<think></think><answer></answer>",  # the whole format
+        "<answer>1</answer><think>a</think>",  # both tags, wrong order
+        "<think>a</think><answer>1</answer> junk",  # both tags, text outside them
+    ]
+    assert reward([""] * 5, completions) == [-1.0, -3.0, 3.0, 1.0, 1.0]
 
 
 def test_regex_format_is_a_full_match():

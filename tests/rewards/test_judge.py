@@ -89,3 +89,37 @@ def test_bad_arguments():
         JudgeReward(object(), encode)
     with pytest.raises(ValueError, match="batch_size"):
         JudgeReward(LengthJudge(), encode, batch_size=0)
+
+
+class FixedOutput(nn.Module):
+    """Returns the same tensor whatever it reads (a judge of the wrong shape)."""
+
+    def __init__(self, output):
+        super().__init__()
+        self.output = output
+
+    def forward(self, lengths):
+        return self.output
+
+
+def test_outputs_that_do_not_give_one_score_per_text_are_refused():
+    """A readout must give one score per text; the label must be a class of the judge; the
+    probability of a single logit (always 1) is refused and points to the sigmoid readout."""
+    with pytest.raises(ValueError, match=r"shape \(\)\) gave shape \(1,\) for a batch of 2 texts"):
+        JudgeReward(FixedOutput(torch.tensor(1.0)), encode, readout="scalar")(["", ""], ["a", "b"])
+    with pytest.raises(ValueError, match=r"gave shape \(1,\) for a batch of 2"):
+        JudgeReward(FixedOutput(torch.zeros(1, 2)), encode)(["", ""], ["a", "b"])
+    with pytest.raises(ValueError, match="label=2 is not a class of the judge's 2"):
+        JudgeReward(LengthJudge(), encode, label=2)([""], ["a"])
+    with pytest.raises(ValueError, match="at least 2 classes.*'sigmoid'"):
+        JudgeReward(FixedOutput(torch.zeros(1, 1)), encode, label=0)([""], ["a"])
+
+
+def test_a_chat_prompt_is_read_whole():
+    """Every message of a chat prompt reaches the judge (not only the last), one per line;
+    a prompt of the wrong type is named as a prompt."""
+    judge = JudgeReward(LengthJudge(), encode, separator="|")
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}]
+    assert judge.texts([chat], ["4"]) == ["be brief\n2+2?|4"]
+    with pytest.raises(TypeError, match=r"prompts\[0\] must be"):
+        judge.texts([3], ["4"])

@@ -88,3 +88,21 @@ def test_a_pathological_answer_is_wrong_after_its_timeout_in_any_thread(monkeypa
     run_in_thread(work, in_thread)
     assert results["spin"] is False and results["seconds"] < 5.0
     assert results["next"] is True and results["after"] == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "right"),
+    [
+        ("so $\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{\\sqrt3}{2}", True),
+        ("$\\boxed{x^2 + 1}$", "x^2+1", True),
+        ("$\\boxed{2\\pi}$", "2\\pi", True),
+        ("$\\boxed{2}$", "2\\pi", False),  # the leading 2 of a bare 2\pi is not the answer
+        ("$\\boxed{0.5}$", "$\\frac{1}{2}$", True),  # a delimited gold is read as it is
+        ("$\\boxed{7}$", "\\boxed{7}", True),
+        ("$\\boxed{\\frac{1}{2}}$", "\\(\\frac12\\)", True),  # delimited: read as written
+        ("the answer is $\\boxed{18}$", "18 dollars", True),  # plain text: its number
+    ],
+)
+def test_bare_latex_gold_answers_are_read_as_math(completion, gold, right):
+    """Gold answers written as bare LaTeX, as competition datasets write them, are parsed."""
+    assert verify_answer(completion, gold) is right

@@ -4,6 +4,7 @@ All hostile snippets are bounded (a fork "bomb" of at most 2**4 processes, 1 s
 timeouts, a 256 MiB memory limit) so that a broken sandbox cannot harm the machine.
 """
 
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +39,16 @@ def test_io_pairs():
     """stdin/stdout pairs: each case runs the program afresh; output compared after stripping."""
     code = "n = int(input())\nprint(n * 2)\n"
     result = run_code(code, io_pairs=[("3\n", "6\n"), ("5", "10"), ("1", "3")], config=CONFIG)
+    assert (result.passed, result.failed, result.reason) == (2, 1, "ok")
+
+
+def test_io_pairs_through_byte_streams():
+    """sys.stdin.buffer and sys.stdout.buffer work as in a real process, mixed with print."""
+    code = (
+        "import sys\nn = int(sys.stdin.buffer.readline())\n"
+        "sys.stdout.buffer.write(str(n * 2).encode() + b'\\n')\nprint(n + 1)\n"
+    )
+    result = run_code(code, io_pairs=[("3\n", "6\n4"), ("5", "10\n6"), ("1", "3")], config=CONFIG)
     assert (result.passed, result.failed, result.reason) == (2, 1, "ok")
 
 
@@ -174,9 +185,15 @@ def test_reward_callable_from_a_thread(max_workers):
 
 
 def test_extract_code_and_argument_checks():
-    """The last fenced block is used; bad arguments are named."""
+    """The last Python-tagged block is used (any case, python3, CRLF), else the last untagged
+    one; bad arguments are named."""
     assert extract_code("a\n```python\nx = 1\n```\n```py\ny = 2\n```") == "y = 2\n"
+    assert extract_code("```Python\r\nx = 1\r\n```") == "x = 1\r\n"
+    assert extract_code("```python3\nx = 1\n```\nOutput:\n```\n5\n```") == "x = 1\n"
+    assert extract_code("```\nx = 1\n```\n```text\n5\n```") == "x = 1\n"
     assert extract_code("plain") == "plain"
+    with pytest.raises(TypeError, match="asserts must be a list, got a str"):
+        run_code(ADD, asserts="assert add(1, 2) == 3", config=CONFIG)
     with pytest.raises(ValueError, match="exactly one"):
         run_code("x", config=CONFIG)
     with pytest.raises(ValueError, match="timeout_seconds"):
@@ -210,3 +227,26 @@ def test_process_group_kill_reaches_descendants():
             break
         time.sleep(0.05)
     assert _gone_or_zombie(child)
+
+
+def test_reward_columns_checked_and_converted():
+    """A str row of tests is refused by row (it would run character by character); a numpy
+    row is a list; a column of the wrong length is refused by name."""
+    np = pytest.importorskip("numpy")
+    reward = code_execution_reward(CONFIG)
+    completions = [f"```python\n{ADD}```"] * 2
+    tests = np.array([["assert add(1, 2) == 3", "assert add(1, 1) == 3"]] * 2)
+    assert reward([""] * 2, completions, tests=tests) == [0.5, 0.5]
+    with pytest.raises(TypeError, match=r"tests\[1\] must be a list"):
+        reward([""] * 2, completions, tests=[["assert True"], "assert add(1, 2) == 3"])
+    with pytest.raises(ValueError, match="the io_pairs column has 1 rows for 2 completions"):
+        reward([""] * 2, completions, io_pairs=[[("", "")]])
+
+
+def test_a_signal_without_a_name_is_reported_by_number():
+    """A real-time signal ends the run as 'crashed', not as a ValueError in the reward."""
+    from grpo.rewards.sandbox import _stopped
+
+    realtime = signal.SIGRTMIN + 2
+    assert _stopped(-realtime, b"", 1) == SandboxResult(0, 1, "crashed", f"signal {realtime}")
+    assert _stopped(-signal.SIGKILL, b"", 1).detail == "SIGKILL"

@@ -158,6 +158,12 @@ def test_bad_input_is_named_before_anything_is_written(tiny_lm_dir, tmp_path):
         TextTrainer(model, yes_fraction, PROMPTS, config=config, overrides=["grpo.learning_rate=1"])
     with pytest.raises(ValueError, match="tokenizer: got None"):
         TextTrainer(load_tiny_causal_lm(model)[0], yes_fraction, PROMPTS, config=config)
+    loaded, tokenizer = load_tiny_causal_lm(model)
+    for override, named in (("model.lora.r=4", "model.lora"), ("model.dtype=bfloat16", "model.dtype"),
+                            ("model.freeze=[lm_head.*]", "model.freeze")):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"{named}: got .* with a model object"):
+            TextTrainer(loaded, yes_fraction, PROMPTS, config=config, overrides=[override],
+                        tokenizer=tokenizer)  # fmt: skip
     assert not (tmp_path / "run").exists()
 
 

@@ -46,7 +46,8 @@ def tokenize_with_assistant_mask(
     messages          [{"role": ..., "content": ...}, ...], not starting with an assistant
     action_token_ids  optional, one id list per assistant message, in order: the ids the
                       model actually sampled. Use them for the assistant spans instead of
-                      the template's tokens (re-tokenising text can give other ids).
+                      the template's tokens (re-tokenising text can give other ids), then
+                      the template's closing tokens the model did not sample (False).
     returns           ChatTokens(input_ids: list[int] (L,), assistant_mask: list[bool] (L,))
 
     Hints, for message i (keep `rendered` = the ids of messages[:i]):
@@ -54,7 +55,11 @@ def tokenize_with_assistant_mask(
       full[len(rendered):], all False.
     - an assistant: header = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
       adds header[len(rendered):] (False); then full = encode_chat(tokenizer, messages[:i+1])
-      adds full[len(header):] (True), or the sampled ids when given.
+      adds full[len(header):] (True); or, with sampled ids, those ids (True) and then
+      the closing the template writes after a turn that the ids do not end with (False):
+      closing = encode_chat(tokenizer, messages[:i] + [an assistant message with content
+      ""])[len(header):]; drop from its front the longest run the sampled ids end with
+      (their own end-of-turn token), and check that full ends with closing.
     - before each slice, check that the shorter list is a prefix of the longer one;
       if not, raise ChatTemplateError(f"... messages[{i}] ...").
     """

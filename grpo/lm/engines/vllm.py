@@ -74,7 +74,12 @@ from grpo.lm.engines.vllm_cpu import (
     trainer_probe_logprobs,
     vllm_on_cpu,
 )
-from grpo.lm.engines.vllm_requests import parse_outputs, request_seeds, sampling_params_kwargs
+from grpo.lm.engines.vllm_requests import (
+    check_room,
+    parse_outputs,
+    request_seeds,
+    sampling_params_kwargs,
+)
 from grpo.lm.engines.weights import (
     copy_problems,
     expected_rows,
@@ -157,6 +162,11 @@ class VLLMEngine:
         """The trainer's weights as vLLM last got them (`loaded.loads`: how many times)."""
         trainer_dtype = next(model.parameters()).dtype
         self.dtype = trainer_dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
+        base = model.get_base_model() if is_peft_model(model) else model
+        self.context: int | None = settings.max_model_len or getattr(
+            base.config, "max_position_embeddings", None
+        )
+        """The longest prompt + completion vLLM plans for (its max_model_len)."""
         self.sleeps = (
             settings.sleep_between_rollouts
             and not self.on_cpu
@@ -202,16 +212,15 @@ class VLLMEngine:
             sync, sleep = settings.weight_sync, settings.sleep_between_rollouts
             args.update(cpu_llm_args(settings.engine_kwargs, sleep, sync))
         elif settings.sleep_between_rollouts and not self.sleeps:
-            log.info("vLLM shares the trainer's weights: no sleep mode, the KV cache stays")
+            log.info("vLLM is to share the trainer's weights: no sleep mode, the KV cache stays")
         return args
 
     def _init_cpu(self, model: nn.Module) -> None:
         config = (model.get_base_model() if is_peft_model(model) else model).config
-        context = self.settings.max_model_len or getattr(config, "max_position_embeddings", None)
         self.mapping: dict[str, tuple[str, ...]] = {}
         self.shared = False
         self.sharing_problems = ["vLLM's CPU backend packs its weights (no tensor to share)"]
-        self.probe = probe_ids(config.vocab_size, context)
+        self.probe = probe_ids(config.vocab_size, self.context)
         self.probe_gap: float | None = None
         """Largest |trainer - vLLM| log-prob on the probe at the last check."""
         self.probe_previous: torch.Tensor | None = None
@@ -231,6 +240,13 @@ class VLLMEngine:
             del engine_params
             # no sleep mode: vLLM's dummy weights came from torch's allocator, returned here
             torch.cuda.empty_cache()
+        elif settings.sleep_between_rollouts and not self.sleeps:  # built to share, then could not
+            log.warning(
+                "vLLM could not share the trainer's weights (%s): it copies them before every "
+                "rollout and, built without sleep mode, keeps its copy and KV cache between "
+                "rollouts; rollout.vllm.weight_sync: load_weights builds it to sleep",
+                "; ".join(problems) or "LoRA",
+            )
 
     # ------------------------------------------------------------ rollouts
     def sample(
@@ -243,6 +259,8 @@ class VLLMEngine:
         """Sample new tokens for every row with the trainer's current weights."""
         from vllm import SamplingParams
 
+        whose = "rollout.vllm.max_model_len" if self.settings.max_model_len else "the model's context"
+        check_room(prompt_rows, settings.max_new_tokens, self.context, whose)
         params = [
             SamplingParams(**sampling_params_kwargs(settings, eos_ids, s))
             for s in request_seeds(seed, len(prompt_rows))

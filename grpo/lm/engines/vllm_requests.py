@@ -12,7 +12,21 @@ from typing import Any
 from grpo.lm.engines.base import Samples
 from grpo.lm.sampling import GenerationSettings
 
-__all__ = ["parse_outputs", "request_seeds", "sampling_params_kwargs"]
+__all__ = ["check_room", "parse_outputs", "request_seeds", "sampling_params_kwargs"]
+
+
+def check_room(
+    prompt_rows: Sequence[Sequence[int]], max_new_tokens: int, limit: int | None, whose: str
+) -> None:
+    """Refuse a rollout whose longest prompt plus `max_new_tokens` exceeds `limit` (None: no
+    limit): vLLM would stop such a completion at the limit without marking it cut short, and
+    it would be rewarded and trained on as if complete."""
+    longest = max((len(row) for row in prompt_rows), default=0)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(
+            f"a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds {whose} "
+            f"({limit})"
+        )
 
 
 def sampling_params_kwargs(

@@ -75,7 +75,7 @@ from grpo.lm.engines.vllm_cpu import (
     trainer_probe_logprobs,
 )
 from grpo.lm.engines.vllm_publish import prune_versions, publish_weights
-from grpo.lm.engines.vllm_requests import request_seeds
+from grpo.lm.engines.vllm_requests import check_room, request_seeds
 from grpo.lm.engines.weights import trainer_weights
 from grpo.lm.loading import is_peft_model
 from grpo.lm.model_setup import context_length
@@ -204,13 +204,8 @@ class VLLMServerEngine:
         seed: int | None,
     ) -> Samples:
         """Sample new tokens for every row on the servers, after syncing the trainer's weights."""
-        longest = max((len(row) for row in prompt_rows), default=0) + settings.max_new_tokens
         limit = min(s["max_model_len"] for s in self.served)
-        if longest > limit:
-            raise ValueError(
-                f"a prompt of {longest - settings.max_new_tokens} tokens + max_new_tokens "
-                f"{settings.max_new_tokens} exceeds the servers' max_model_len ({limit})"
-            )
+        check_room(prompt_rows, settings.max_new_tokens, limit, "the servers' max_model_len")
         self.sync()  # the trainer may have stepped since the last rollout
         seeds = request_seeds(seed, len(prompt_rows))
         results: list[tuple[list[int], list[float]] | None] = [None] * len(prompt_rows)

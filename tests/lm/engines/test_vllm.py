@@ -27,6 +27,7 @@ from grpo.lm.engines.vllm import (
     sampling_params_kwargs,
 )
 from grpo.lm.engines.vllm_build import write_model_folder
+from grpo.lm.engines.vllm_requests import check_room
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings
@@ -72,6 +73,16 @@ def test_request_seeds_are_distinct_and_reproducible():
     assert len(set(first + second)) == 128
     assert request_seeds(4, 64) == first
     assert request_seeds(None, 3) == [None, None, None]
+
+
+def test_check_room_refuses_a_rollout_past_the_context_limit():
+    """Prompt + max_new_tokens past the limit is refused by name (vLLM would stop the
+    completion there without marking it cut short); at the limit, or without one, it runs."""
+    rows = [[1, 2, 3], [1] * 10]
+    check_room(rows, 6, 16, "rollout.vllm.max_model_len")
+    check_room(rows, 600, None, "rollout.vllm.max_model_len")
+    with pytest.raises(ValueError, match=r"10 tokens \+ max_new_tokens 7 exceeds rollout\.vllm\.max_model_len \(16\)"):
+        check_room(rows, 7, 16, "rollout.vllm.max_model_len")
 
 
 def _output(ids, logprobs):

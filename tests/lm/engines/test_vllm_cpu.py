@@ -7,6 +7,7 @@ engine serves most of the module (building one takes ~10 s on two cores); the la
 tests build, close and build again.
 """
 
+import dataclasses
 import gc
 import weakref
 from pathlib import Path
@@ -108,6 +109,19 @@ def test_max_tokens_stop_strings_and_eos_masks(policy):
     stopped = policy.generate_actions(STATES, 8, stop_strings=("+",), temperature=2.0)
     for a in (a for g in stopped for a in g):
         assert "+" not in a.text[:-1] and (a.text.endswith("+") or a.finished_by_eos or a.truncated)
+
+
+def test_a_rollout_past_max_model_len_is_refused(policy, monkeypatch):
+    """vLLM would stop a completion at max_model_len without marking it cut short: the
+    engine refuses such a rollout, naming the setting."""
+    engine = policy.rollout_engine
+    assert engine.context == policy.model.config.max_position_embeddings  # none set: the model's
+    monkeypatch.setattr(engine, "context", 8)
+    with pytest.raises(ValueError, match=r"max_new_tokens 5 exceeds the model's context \(8\)"):
+        policy.generate_actions(STATES, 1)
+    monkeypatch.setattr(engine, "settings", dataclasses.replace(engine.settings, max_model_len=8))
+    with pytest.raises(ValueError, match=r"max_new_tokens 5 exceeds rollout\.vllm\.max_model_len \(8\)"):
+        policy.generate_actions(STATES, 1)
 
 
 def test_same_seed_same_samples(policy):

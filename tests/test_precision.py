@@ -116,8 +116,10 @@ def test_bf16_mixed_runs_matmuls_in_bfloat16_with_float32_gradients():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert layer.weight.grad.dtype == torch.float32
-    expected = torch.ones(2, 3).T @ x.bfloat16().float()  # dL/dW = 1^T x, x rounded to bf16
-    torch.testing.assert_close(layer.weight.grad, expected, rtol=1e-2, atol=1e-2)
+    # dL/dW = 1^T x, the product taken in bfloat16 (x rounded to it) and its result in float32
+    expected = (torch.ones(3, 2, dtype=torch.bfloat16) @ x.bfloat16()).float()
+    torch.testing.assert_close(layer.weight.grad, expected, rtol=0, atol=0)
+    assert not torch.equal(layer.weight.grad, torch.ones(3, 2) @ x)  # not the float32 product
     with compute_precision("fp32", "cpu"):
         assert layer(x).dtype == torch.float32
         assert compute_dtype(torch.float32, "cpu") == torch.float32

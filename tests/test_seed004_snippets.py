@@ -1,6 +1,7 @@
 """Every usage snippet of the framework API, run as written with a concrete policy and reward model."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -162,7 +163,7 @@ def test_custom_scheduler_and_validation_snippet(bandit_models, capsys):
     # fmt: on
     # -----------------
     assert capsys.readouterr().out.startswith("Validation loss: ")
-    assert optimizer.param_groups[0]["lr"] < 1e-2 and metrics["step_loss"] == metrics["step_loss"]
+    assert optimizer.param_groups[0]["lr"] < 1e-2 and math.isfinite(metrics["step_loss"])
 
 
 def test_checkpoint_snippet(bandit_models, tmp_path, monkeypatch):

@@ -197,7 +197,8 @@ def test_every_logged_metric_is_documented(finished_run):
 
 def test_torchrun_two_processes_rank_0_writes_and_a_1_process_resume_continues(tmp_path):
     """`torchrun --nproc-per-node 2 -m grpo train`: one run directory written by rank 0 only,
-    identical replicas at the end, and its checkpoint resumes in a single process."""
+    steps over the global batch, and its checkpoint resumes in a single process (replicas
+    staying identical is tests/test_distributed.py's)."""
     run = tmp_path / "ddp"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

@@ -316,16 +316,27 @@ def test_sampling_that_scoring_would_not_match_is_refused(model_path):
 
 @torch.no_grad()
 def test_turns_cut_at_the_token_limit_are_masked_when_asked(model_path):
-    """PolicyAgent reports which turns hit max_new_tokens; with mask_truncated_completions
-    exactly those turns count no token, and the others count all of theirs."""
+    """The agent's per-turn truncation flags reach turn scoring: with
+    mask_truncated_completions exactly the cut turns count no token, the others all of theirs;
+    without it every turn counts. PolicyAgent reports the flags it sampled."""
     policy = make_policy(model_path)
-    policy.settings.mask_truncated_completions = True
-    episodes = EpisodePolicy(policy, GuessNumberEnv, max_turns=3)
-    [group] = episodes.generate_actions([2], 4)
-    flags = [cut for rollout in group for cut in rollout.action_truncated]
-    assert True in flags  # max_new_tokens=4 cuts most turns of the untrained model
-    scored = episodes.get_token_log_probabilities([2] * 4, group)
-    for n, rollout in enumerate(group):
-        kept = sum(len(ids) for ids, cut in zip(rollout.action_token_ids, rollout.action_truncated, strict=True)
-                   if not cut)  # fmt: skip
-        assert int(scored.completion_mask[n].sum()) == kept
+    tokenizer = policy.tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    texts = ["1", "3", "4"]  # GuessNumberEnv(4): two wrong guesses, then the secret
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ids = [ids[0], ids[1] + [end], ids[2]]
+    cut = [True, False, True]
+
+    def agent(conversations):
+        turn = len(conversations[0]) // 2
+        return AgentOutput([texts[turn]], [ids[turn]], [cut[turn]])
+
+    [rollout] = collect_rollouts([GuessNumberEnv(4, GAME)], agent, max_turns=3)
+    assert rollout.action_truncated == (True, False, True)
+    for masked, counted in ((True, len(ids[1])), (False, sum(len(i) for i in ids))):
+        policy.settings.mask_truncated_completions = masked
+        scored = EpisodePolicy(policy, GuessNumberEnv).get_token_log_probabilities([4], [rollout])
+        assert int(scored.completion_mask.sum()) == counted
+    output = PolicyAgent(policy, max_new_tokens=1)([[{"role": "user", "content": "guess"}]] * 4)
+    eos = set(policy.eos_token_ids)
+    assert output.truncated == [ids[-1] not in eos for ids in output.token_ids]  # cut at 1

@@ -62,6 +62,7 @@ def test_the_plain_form_adds_its_stop_once_and_the_chat_form_none():
 
 
 def test_an_unknown_form_is_refused_by_its_key():
+    """A prompt form other than chat or plain is refused, naming the key and what is allowed."""
     with pytest.raises(
         ValueError, match="task.options.prompt_form: got 'text'; allowed: chat, plain"
     ):

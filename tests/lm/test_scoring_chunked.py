@@ -111,6 +111,7 @@ def test_lora_and_its_reference_fold_too(tiny_lm_dir):
 
 
 def test_lora_on_the_output_layer_is_refused(tiny_lm_dir):
+    """The folded output layer needs a plain linear layer: LoRA on lm_head is refused by name."""
     model, tokenizer = load_tiny_causal_lm(tiny_lm_dir("qwen2"))
     model = apply_lora(model, LoraSettings(r=4, alpha=8, target_modules=("q_proj", "lm_head")))
     _, folded = _policies(model, tokenizer)

@@ -36,6 +36,14 @@ def _packed_length(actions):
     return sum(max(a.num_tokens - 1, 0) for a in actions)
 
 
+def _assert_packed(model, actions, shapes):
+    """The packed row ran, its first micro-batch agreed with the plain forward (no fallback:
+    PACKING_CHECKS holds None), and no padded (n, T - 1) block of completions ran."""
+    T = max(a.num_tokens for a in actions)
+    assert (1, _packed_length(actions)) in shapes and PACKING_CHECKS.get(model, "unchecked") is None
+    assert (len(actions), T - 1) not in shapes
+
+
 def _compare(model, actions, eos, folded=False):
     """The packed scores and gradients against the plain forward's; the shapes fed."""
     PACKING_CHECKS.clear()
@@ -69,7 +77,7 @@ def test_eager_attention_takes_the_additive_mask(tiny_lm_dir):
     model.set_attn_implementation("eager")
     actions = _actions(len(tokenizer), tokenizer.eos_token_id)
     shapes = _compare(model, actions, tokenizer.eos_token_id)
-    assert (1, _packed_length(actions)) in shapes
+    _assert_packed(model, actions, shapes)
 
 
 def _gemma_with_window(window):
@@ -94,6 +102,8 @@ def test_a_sliding_window_packs_only_rows_inside_it(window, folded, monkeypatch,
         shapes = _compare(model, actions, eos=1, folded=folded)
     packed = (1, _packed_length(actions)) in shapes
     assert packed == (window == 64)
+    if packed:
+        _assert_packed(model, actions, shapes)
     messages = [r.getMessage() for r in caplog.records]
     if window == 4:
         P = max(len(a.prompt_ids) for a in actions)
@@ -113,7 +123,7 @@ def test_lora_packs_the_same():
                 p.normal_(0, 0.1)
     actions = _actions(40, eos=1)
     shapes = _compare(model, actions, eos=1)
-    assert (1, _packed_length(actions)) in shapes
+    _assert_packed(model, actions, shapes)
 
 
 def test_other_attention_is_refused_by_name(tiny_lm_dir, monkeypatch):

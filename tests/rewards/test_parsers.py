@@ -89,7 +89,7 @@ def test_bad_arguments_are_named():
         compose_parsers()
     with pytest.raises(TypeError, match=r"parsers\[1\]"):
         compose_parsers(strip_parser, "nope")
-    with pytest.raises(ValueError, match="tag"):
+    with pytest.raises(ValueError, match="^tag must be a plain tag name"):
         tag_parser("a b")
     with pytest.raises(TypeError, match=r"completions\[2\]"):
         completion_text(3, 2)

@@ -40,13 +40,19 @@ def test_spinning_python_stops_after_its_seconds_in_any_thread(in_thread):
 
 
 def test_a_block_that_ends_in_time_leaves_nothing_behind():
-    """Ended before its limit, a block raises nothing then or later (the timer is gone)."""
+    """Ended before its limit, a block raises nothing then or later and the watchdog holds
+    nothing of it; a block without a limit (None) never reaches the watchdog at all."""
+    from grpo.rewards.time_limit import _WATCHDOG
+
     with time_limit(0.2):
         spin(0.01)
+        assert list(_WATCHDOG._open) == [threading.get_ident()]  # watched while it runs
     spin(0.5)  # well past the limit: a stray exception would be raised here
+    assert _WATCHDOG._open == {} and _WATCHDOG._pending == {}
     with time_limit(None) as limit:  # None: no limit, no timer
+        assert _WATCHDOG._open == {}
         spin(0.05)
-    assert issubclass(limit.error, TimeLimitExceeded)
+    assert issubclass(limit.error, TimeLimitExceeded) and not limit.fired
 
 
 def test_nested_limits_raise_their_own_and_an_inner_catch_does_not_swallow_the_outer():

@@ -52,6 +52,7 @@ def test_a_frozen_tied_embedding_leaves_training_exactly_as_loaded(tmp_path):
 
 
 def test_only_the_unfrozen_parameters_are_trainable():
+    """A frozen tied embedding leaves the policy's trainable parameters, output layer included."""
     policy = CausalLMPolicy.from_pretrained(str(DEMO_MODEL), freeze=("model.embed_tokens.*",))
     trainable = policy.get_parameters()
     assert "model.embed_tokens.weight" not in trainable
@@ -62,6 +63,7 @@ def test_only_the_unfrozen_parameters_are_trainable():
 
 
 def test_a_pattern_that_matches_nothing_is_refused_by_name():
+    """A freeze pattern that matches no parameter is an error naming the key and the pattern."""
     policy = CausalLMPolicy.from_pretrained(str(DEMO_MODEL))
     with pytest.raises(ValueError, match=r"model.freeze: 'embed\*' matches no parameter"):
         freeze_parameters(policy.model, ("embed*",), "model.freeze")

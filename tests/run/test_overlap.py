@@ -116,6 +116,9 @@ def test_a_stale_batch_is_weighed_against_the_log_probs_its_sampler_recorded(wor
     assert all(row["rollout/logprob_gap_max"] > 40.0 for row in recording[1:])
     assert all(0.5 < row["importance_weight/mean"] < 1.5 for row in plain[1:])
     assert all(row["rollout/tis_capped_frac"] < 0.5 for row in plain[1:])
+    # scored by the sampler's copy, one version behind the trainer: a gap, weights not all 1
+    assert all(row["rollout/logprob_gap_max"] > 0.0 for row in plain[1:])
+    assert all(row["importance_weight/mean"] != 1.0 for row in plain[1:])
 
 
 @pytest.mark.parametrize("worker", ["thread", "process"])

@@ -285,6 +285,7 @@ def test_worked_example_story_is_true_and_one_step_shows_its_own_example():
 
 @pytest.mark.parametrize("wrong", ["short", 1, 0.5])
 def test_an_unknown_worked_example_is_refused_by_name(wrong):
+    """worked_example takes true, false or story: anything else is refused, naming the field."""
     with pytest.raises(ValueError, match="worked_example: got .*allowed: true, false, story"):
         WordProblemsConfig(worked_example=wrong)
 

@@ -232,10 +232,10 @@ def test_policy_completions_match_the_transformers_engine(tiny_lm_dir, arch):
     assert any(stop in t for _, t, _, _ in results["lean"])
 
 
-def test_grpo_step_with_the_lean_engine_skips_the_old_pass(tiny_lm_dir):
-    """The lean engine samples with the scorer's model, so a GRPO step at μ = 1 runs no no-grad
-    old-log-prob pass, and the update changes the weights."""
-    policy = policy_with(load(tiny_lm_dir, "llama"), "lean", temperature=1.0)
+def _lean_step(tiny_lm_dir, **config):
+    """One GRPO step (SGD, lr 0.1) with the lean engine from the same start and sampling
+    seed: the parameters after it, and whether each scoring pass ran with gradients."""
+    policy = policy_with(load(tiny_lm_dir, "llama"), "lean", temperature=1.0, seed=3)
     assert policy.sampler_is_scorer
     calls = []
     score = policy.get_token_log_probabilities
@@ -244,17 +244,25 @@ def test_grpo_step_with_the_lean_engine_skips_the_old_pass(tiny_lm_dir):
     )
     reward = TextReward(lambda prompts, completions, **_: [float(len(c)) for c in completions])
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
-    config = GRPOConfig(
-        group_size=4, batch_size=8, num_epochs_per_update=1, ref_update_frequency=0, kl_coeff=0.0
-    )
-    before = [p.detach().clone() for p in policy.model.parameters()]
+    config = GRPOConfig(group_size=4, batch_size=8, num_epochs_per_update=1,
+                        ref_update_frequency=0, kl_coeff=0.0, **config)  # fmt: skip
     trainer = GRPOTrainer(policy, reward, optimizer=optimizer, config=config)
     trainer.train_step([{"prompt": p} for p in PROMPTS[:2]])
-    assert calls and all(calls)  # every scoring pass is the gradient one: no no-grad old pass
     assert policy.rollout_metrics["completion/length_mean"] > 0
-    assert any(
-        not torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True)
-    )
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters()}, calls
+
+
+def test_grpo_step_with_the_lean_engine_skips_the_old_pass(tiny_lm_dir):
+    """The lean engine samples with the scorer's model, so a GRPO step at μ = 1 runs no no-grad
+    old-log-prob pass, and its update is the one the step with that pass makes (1e-6)."""
+    skipped, calls = _lean_step(tiny_lm_dir)
+    assert calls and all(calls)  # every scoring pass is the gradient one: no no-grad old pass
+    full, full_calls = _lean_step(tiny_lm_dir, skip_redundant_old_logprobs=False)
+    assert False in full_calls  # the old pass ran there
+    start = dict(load(tiny_lm_dir, "llama")[0].named_parameters())
+    assert max((full[n] - start[n]).abs().max().item() for n in full) > 1e-4  # it moved
+    for name in full:
+        torch.testing.assert_close(skipped[name], full[name], rtol=0, atol=1e-6)
 
 
 def test_gemma3_logits_equal_the_forward_at_every_token():

@@ -65,13 +65,24 @@ def test_padding_does_not_change_scores(tiny):
 
 
 def test_gradient_reaches_only_through_assistant_tokens(tiny):
-    """Summed log-probs backpropagate; the count of counted tokens is the assistant token count."""
+    """The gradient of the summed log-probs is that of the assistant spans' own log-probs,
+    each scored on its prefix alone (1e-5): nothing flows from other positions."""
     model, tokenizer = tiny
-    tokens = [tokenize_with_assistant_mask(tokenizer, CONVERSATIONS[1])]
+    tokens = [tokenize_with_assistant_mask(tokenizer, CONVERSATIONS[0])]
     out = conversation_logprobs(model, tokens, pad_token_id=tokenizer.pad_token_id)
-    out.logprobs.sum().backward()
     assert int(out.completion_mask.sum()) == sum(tokens[0].assistant_mask)
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
-    model.zero_grad()
+    got = torch.autograd.grad(out.logprobs.sum(), list(model.parameters()), allow_unused=True)
+    ids = torch.tensor([tokens[0].input_ids])
+    spans_sum = sum(
+        completion_logprobs(model(input_ids=ids[:, :end]).logits, ids[:, start:end], 1.0).sum()
+        for start, end in spans(tokens[0].assistant_mask)
+    )
+    want = torch.autograd.grad(spans_sum, list(model.parameters()), allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in want)
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None or not g.any()
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="at least one"):
         conversation_logprobs(model, [], pad_token_id=0)

@@ -25,7 +25,7 @@ def test_solutions_pass_every_part():
 
 def test_untouched_stubs_say_not_written_without_a_traceback(capsys):
     """Every untouched stub is reported as "not written yet: <its first function>", no traceback."""
-    assert main(["check"]) == 1
+    assert main([]) == 1
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     assert len(lines) == len(PARTS) and "Traceback" not in out
@@ -132,7 +132,7 @@ def test_without_the_tests_folder_the_checker_says_to_use_a_clone(tmp_path, monk
     monkeypatch.setattr(workshop.check, "TESTS_DIR", tmp_path / "tests")
     with pytest.raises(FileNotFoundError, match="clone of the repository"):
         check(1)
-    assert main(["check", "--part", "1"]) == 2
+    assert main(["--part", "1"]) == 2
     assert "clone of the repository" in capsys.readouterr().err
     with pytest.raises(ValueError, match="^part: got 7"):
         check(7)

@@ -1,7 +1,7 @@
 """The workshop checker: the library's own tests, run against a participant's functions.
 
-picoRL plans a workshop where participants write the pieces of GRPO that
-matter and the library supplies the rest. Each part names the participant's
+In the workshop participants write the pieces of GRPO that matter and the
+library supplies the rest. Each part names the participant's
 functions and the library functions they stand in for. `check` runs, in a
 fresh Python process, the library's own tests for those parts with the
 participant's functions patched in before the tests are collected; each part
@@ -13,7 +13,7 @@ does not hold, in the words of that test's one-line docstring.
 
 The checker and the tests it runs live in the repository (`workshop/`, `tests/`),
 not in the `grpo` package: run it from the root of a clone.
-Departures from running the test files as they are: only the tests listed in a
+Unlike running the test files as they are, only the tests listed in a
 part's `tests` are run (the maths and behaviour of the piece, not the library's
 input validation or the functions the part does not ask for), and without
 tests/conftest.py (none of them uses its fixtures; skipping it saves importing
@@ -72,11 +72,11 @@ PARTS: tuple[Part, ...] = (
     Part(1, "log-probs with the causal shift", "part1_logprobs",
          (Target("completion_logprobs", "grpo.functional.logprobs", "completion_logprobs"),),
          ("functional/test_logprobs.py::test_completion_logprobs_causal_shift_hand_values",
-          "functional/test_logprobs.py::test_completion_logprobs_equals_seed_001_slice")),
+          "functional/test_logprobs.py::test_completion_logprobs_equals_the_shifted_log_softmax_slice")),
     Part(2, "group advantages", "part2_advantages",
          (Target("group_advantages", "grpo.functional.advantages", "group_advantages"),),
-         ("functional/test_advantages.py::test_default_is_seed_001_formula_hand_values",
-          "functional/test_advantages.py::test_default_equals_seed_001_code",
+         ("functional/test_advantages.py::test_default_formula_hand_values",
+          "functional/test_advantages.py::test_default_equals_the_reshape_mean_std_code",
           "functional/test_advantages.py::test_zero_variance_groups_give_exact_zeros[baseline=mean]",
           "functional/test_advantages.py::test_integer_rewards_accepted_as_float",
           "functional/test_advantages.py::test_positive_only_clamps_negatives",
@@ -222,7 +222,7 @@ def _summarise(part: Part, error: str | None, tests: list[dict[str, Any]]) -> Pa
         if not matched:
             missing.append(entry)
     if missing:
-        message = f"the library test {missing[0]} was not found (the checker's list is stale)"
+        message = f"the library test {missing[0]} was not found in tests/"
         return PartResult(part.number, part.title, "error", message)
     passed = sum(t["passed"] for t in ordered)
     counts = {"passed": passed, "total": len(ordered)}
@@ -352,17 +352,16 @@ def _format(result: PartResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`check [--part N] [--module PACKAGE]`: print one verdict per part; 0 when all passed."""
+    """`[--part N] [--module PACKAGE]`: print one verdict per part; 0 when all passed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_run"]:  # the test process started by `check`
         return _run_tests(*argv[1:4])
     parser = argparse.ArgumentParser(
         prog="python -m workshop.check", description="Check your workshop functions with the library's tests."
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    checker = commands.add_parser("check", help="run the library's tests against your functions")
-    checker.add_argument("--part", type=int, choices=sorted(PARTS_BY_NUMBER), default=None)
-    checker.add_argument(
+    parser.add_argument("--part", type=int, choices=sorted(PARTS_BY_NUMBER), default=None,
+                        help="one part (default: every part)")  # fmt: skip
+    parser.add_argument(
         "--module", default="workshop.stubs", help="package with one file per part"
     )
     options = parser.parse_args(argv)

@@ -20,11 +20,12 @@ class RecordingAgent:
         for messages in conversations:
             secret_plan = self.plans[messages[0]["content"]]
             texts.append(secret_plan[(len(messages) - 1) // 2])
-        return AgentOutput(texts, [[len(t)] for t in texts])
+        return AgentOutput(texts, [[len(t)] for t in texts], [len(t) > 1 for t in texts])
 
 
 def test_agent_is_asked_only_for_unfinished_episodes():
-    """Episodes needing 1, 3 and 2 guesses give agent batches of 3, 2, 1; token ids are carried."""
+    """Episodes needing 1, 3 and 2 guesses give agent batches of 3, 2, 1; token ids and
+    truncation flags are carried turn by turn."""
     envs = [GuessNumberEnv(s, GuessNumberConfig(low=s - 4, high=s + 4)) for s in (5, 9, 13)]
     plans = {
         env.config.prompt(): plan
@@ -36,6 +37,7 @@ def test_agent_is_asked_only_for_unfinished_episodes():
     assert [r.actions for r in rollouts] == [("5",), ("1", "12", "9"), ("20", "13")]
     assert [r.total_reward for r in rollouts] == pytest.approx([1.0, 0.8, 0.9])
     assert rollouts[1].action_token_ids == ((1,), (2,), (1,))
+    assert rollouts[1].action_truncated == (False, True, False)  # the agent's flags, per turn
     assert [r.group_id for r in rollouts] == [0, 0, 1]
 
 

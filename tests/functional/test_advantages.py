@@ -1,4 +1,4 @@
-"""Tests for grpo.functional.advantages: the chess loop's formula, variants, bad input."""
+"""Tests for grpo.functional.advantages: the group formula, variants, bad input."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ def _close(actual, expected):
     )
 
 
-def test_default_is_seed_001_formula_hand_values():
+def test_default_formula_hand_values():
     """Defaults give (r - mean) / (std_unbiased + 1e-4) per group of G."""
     rewards = torch.tensor([0.0, 1.0, 2.0, 3.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     # group 2: mean 0.5, std sqrt(1/3) = 0.5773502691896257, 0.5 / 0.5774502691896257
@@ -34,8 +34,8 @@ def test_default_is_seed_001_formula_hand_values():
     _close(group_advantages(rewards, 4), expected)
 
 
-def test_default_equals_seed_001_code():
-    """group_advantages equals the chess loop's view/mean/std/repeat_interleave code on random rewards."""
+def test_default_equals_the_reshape_mean_std_code():
+    """group_advantages equals view/mean/std/repeat_interleave code written out, on random rewards."""
     rewards = torch.rand(6 * 4, generator=torch.Generator().manual_seed(0))
     grouped = rewards.view(6, 4)
     mean = grouped.mean(dim=1).repeat_interleave(4)

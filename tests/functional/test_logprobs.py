@@ -91,8 +91,8 @@ def test_completion_logprobs_causal_shift_hand_values():
     torch.testing.assert_close(out_t2, expected, rtol=1e-6, atol=0)
 
 
-def test_completion_logprobs_equals_seed_001_slice():
-    """completion_logprobs equals the chess loop's log_softmax(logits[P-1:-1]).gather(targets)."""
+def test_completion_logprobs_equals_the_shifted_log_softmax_slice():
+    """completion_logprobs equals log_softmax(logits[P-1:-1]).gather(targets), the slice written out."""
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 7, 10, generator=gen)
     input_ids = torch.randint(0, 10, (2, 7), generator=gen)

@@ -1,2 +1,2 @@
 """Your workshop code: one file per part. Fill in each function, then run
-`python -m workshop.check --part N` (or `python -m workshop.check --part N`)."""
+`python -m workshop.check --part N`."""

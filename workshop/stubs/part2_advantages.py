@@ -42,8 +42,9 @@ def group_advantages(
     Hints:
     - `rewards.view(-1, group_size)` is (B, G); reduce over dim=1 with keepdim=True.
     - `torch.std` is the unbiased sample std (divides by G - 1): the one GRPO uses.
-    - A group whose rewards are all equal must get exactly 0 (in floats, r - mean
-      can be 1e-17, and dividing by a tiny std blows it up): detect it, use torch.where.
+    - With baseline "mean" or "leave_one_out", a group whose rewards are all equal
+      must get exactly 0 (in floats, r - mean can be 1e-17, and dividing by a tiny
+      std blows it up): detect it, use torch.where.
     - positive_only: clamp negative advantages to 0.
     - With eps = 0 a zero std would give NaN: leave such values undivided.
     """

@@ -3,8 +3,8 @@
 picoRL (after Ludic's interaction protocol) gives three owners:
 - the environment owns the episode's state and reward (`reset`, `step`, `reward`);
 - the agent owns inference: `agent(conversations) -> texts`, one text per
-  conversation, or an `AgentOutput(texts, token_ids)` that also carries the
-  sampled token ids of each text;
+  conversation, or an `AgentOutput(texts, token_ids, truncated)` that also carries
+  the sampled token ids of each text and whether it hit the token limit;
 - the loop, which you write here, owns who plays and when to stop.
 
 The framework gives you `BatchedEnv` (grpo/envs/batched.py), which holds N
@@ -14,7 +14,7 @@ environments and their conversations:
     batched.reset()                          # start every episode
     batched.active                           # indices of the unfinished episodes
     batched.conversations(indices)           # their message lists (what the agent sees)
-    batched.step(texts, token_ids=..., parser=...)   # one text per active episode
+    batched.step(texts, token_ids=..., truncated=..., parser=...)  # one text per active episode
     batched.rollouts()                       # one EpisodeRollout per env, at the end
 
 Check: python -m workshop.check --part 4
@@ -55,8 +55,9 @@ def collect_rollouts(
       corrupt its record).
     - Stop early when no episode is active.
     - Normalise the agent's answer: a plain list of texts becomes AgentOutput(list(texts)).
-    - Pass the sampled ids on (`token_ids=output.token_ids`): training then uses
-      exactly the tokens that were sampled.
+    - Pass the sampled ids and truncation flags on (`token_ids=output.token_ids,
+      truncated=output.truncated`): training then uses exactly the tokens that were
+      sampled, and can leave out of the loss the turns cut at the token limit.
     - Calling it twice on the same BatchedEnv must start fresh episodes.
     """
     raise NotImplementedError("part 4: write collect_rollouts")

@@ -5,6 +5,12 @@ A parser turns text into an action and says what that earned:
 parsing failed and `obs` a message for the model (e.g. "Put your answer between
 <answer> and </answer>."). Small parsers compose into one:
 
+    def to_int(text):  # a parser of your own: an int, or a failure with feedback
+        text = text.strip()
+        if text.lstrip("-").isdigit():
+            return ParseResult(int(text), 1.0)
+        return ParseResult(None, -0.5, "Answer with a whole number.")
+
     parse = compose_parsers(tag_parser("answer", reward=0.1, penalty=-1.0), to_int)
     parse("think <answer> 42 </answer>")  ->  ParseResult(42, 1.1, None)
 

@@ -88,11 +88,14 @@ def tokenize_with_assistant_mask(
     messages: Sequence[Message],
     *,
     action_token_ids: Sequence[Sequence[int]] | None = None,
+    action_truncated: Sequence[bool] | None = None,
 ) -> ChatTokens:
     """Input ids of the conversation and the mask of its assistant tokens, checked for alignment.
 
     `action_token_ids`, when given, holds the sampled ids of each assistant message
     in order; they are used for those spans instead of the template's tokens.
+    `action_truncated`, when known, says which of them the token limit cut: such a turn
+    sampled no part of the template's closing, which then follows it whole.
     """
     messages = list(messages)
     if not messages or messages[0].get("role") == "assistant":
@@ -115,18 +118,18 @@ def tokenize_with_assistant_mask(
             mask += [False] * (len(header) - len(rendered))
             full = encode_chat(tokenizer, messages[: i + 1])
             _check_prefix(header, full, i, f"messages[:{i + 1}]")
-            span, sampled = full[len(header) :], None
-            if action_token_ids is not None:
-                sampled = [int(t) for t in action_token_ids[turn]]  # what was actually sampled
-            turn += 1
-            if sampled is None:
+            if action_token_ids is None:
+                span = full[len(header) :]
                 input_ids += span
                 mask += [True] * len(span)
             else:
+                sampled = [int(t) for t in action_token_ids[turn]]  # what was actually sampled
                 closing = _closing(tokenizer, messages[:i], header, full, i)
-                tail = closing[_overlap(sampled, closing) :]  # the template's, never sampled
+                cut = action_truncated is not None and action_truncated[turn]
+                tail = closing[0 if cut else _overlap(sampled, closing) :]  # never sampled
                 input_ids += sampled + tail
                 mask += [True] * len(sampled) + [False] * len(tail)
+            turn += 1
         else:
             full = encode_chat(tokenizer, messages[: i + 1])
             _check_prefix(rendered, full, i, f"messages[:{i + 1}]")
@@ -169,4 +172,6 @@ def rollout_tokens(
 ) -> ChatTokens:
     """`tokenize_with_assistant_mask` of an episode, with its sampled ids when it has them."""
     ids = rollout.action_token_ids if use_sampled_ids else None
-    return tokenize_with_assistant_mask(tokenizer, rollout.messages, action_token_ids=ids)
+    cut = rollout.action_truncated if use_sampled_ids else None
+    known = {} if cut is None else {"action_truncated": cut}  # the flags, when the agent gave them
+    return tokenize_with_assistant_mask(tokenizer, rollout.messages, action_token_ids=ids, **known)

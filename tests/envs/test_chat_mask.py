@@ -128,3 +128,29 @@ def test_bad_inputs():
         tokenize_with_assistant_mask(tokenizer, CONVERSATION[2:])
     with pytest.raises(ValueError, match="one id list per assistant"):
         tokenize_with_assistant_mask(tokenizer, CONVERSATION, action_token_ids=[[1]])
+
+
+# The closing starts with an ordinary word, which a turn cut short can end with too.
+CLOSED_BY_A_WORD = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} play <end> {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+
+
+def test_a_turn_known_to_be_cut_gets_the_whole_closing():
+    """A turn the token limit cut that happens to end with the closing's first word sampled
+    none of the closing: with its truncation flag, the whole closing follows it, as the
+    template renders the conversation; without the flag the word is taken for the model's."""
+    tokenizer = make_tokenizer(CLOSED_BY_A_WORD)
+    conversation = [*CONVERSATION[1:2], {"role": "assistant", "content": "8 play"}]
+    sampled = [[11, 15]]  # "8 play", cut at the token limit
+    known = tokenize_with_assistant_mask(
+        tokenizer, conversation, action_token_ids=sampled, action_truncated=[True]
+    )
+    assert known.input_ids == tokenizer.apply_chat_template(
+        conversation, tokenize=True, return_dict=False
+    )
+    assert known.input_ids[-4:] == [11, 15, 15, 4] and known.assistant_mask[-4:] == [
+        True, True, False, False]  # fmt: skip
+    unknown = tokenize_with_assistant_mask(tokenizer, conversation, action_token_ids=sampled)
+    assert unknown.input_ids[-3:] == [11, 15, 4]

@@ -38,6 +38,7 @@ def tokenize_with_assistant_mask(
     messages: Sequence[Message],
     *,
     action_token_ids: Sequence[Sequence[int]] | None = None,
+    action_truncated: Sequence[bool] | None = None,
 ) -> ChatTokens:
     """Input ids of the conversation and the mask of its assistant tokens: ChatTokens(ids, mask).
 
@@ -48,6 +49,8 @@ def tokenize_with_assistant_mask(
                       model actually sampled. Use them for the assistant spans instead of
                       the template's tokens (re-tokenising text can give other ids), then
                       the template's closing tokens the model did not sample (False).
+    action_truncated  optional, one flag per assistant message: the token limit cut it, so
+                      its ids hold no part of the closing (the whole closing follows them).
     returns           ChatTokens(input_ids: list[int] (L,), assistant_mask: list[bool] (L,))
 
     Hints, for message i (keep `rendered` = the ids of messages[:i]):
@@ -59,7 +62,8 @@ def tokenize_with_assistant_mask(
       the closing the template writes after a turn that the ids do not end with (False):
       closing = encode_chat(tokenizer, messages[:i] + [an assistant message with content
       ""])[len(header):]; drop from its front the longest run the sampled ids end with
-      (their own end-of-turn token), and check that full ends with closing.
+      (their own end-of-turn token; nothing for a turn action_truncated says was cut),
+      and check that full ends with closing.
     - before each slice, check that the shorter list is a prefix of the longer one;
       if not, raise ChatTemplateError(f"... messages[{i}] ...").
     """

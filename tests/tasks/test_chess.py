@@ -365,3 +365,19 @@ def test_prompts_instruction_and_worked_example():
                                          "endgame_example, pieces_example, pawns_example, "
                                          "king_example, king_square_example"):  # fmt: skip
         generate_dataset(1, prompt="chat")
+
+
+def test_the_held_out_statistics_docs_chess_states():
+    """docs/chess.md's "200 held-out positions have A legal moves on average (L to H)" is what
+    the task draws: the held-out split at its default options, 200 positions."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "chess.md").read_text()
+    found = re.search(r"200 held-out positions have (\d+) legal\s+moves on average \((\d+) to (\d+)\)",
+                      page)  # fmt: skip
+    assert found, "the sentence is gone from docs/chess.md"
+    counts = [len(row["legal_moves"].split()) for row in
+              generate_dataset(200, split="held_out", seed=0)]  # fmt: skip
+    mean, low, high = (int(x) for x in found.groups())
+    assert (round(sum(counts) / len(counts)), min(counts), max(counts)) == (mean, low, high)

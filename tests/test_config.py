@@ -10,7 +10,7 @@ from grpo import config as config_module
 from grpo.config import GRPOConfig
 
 
-def test_seed_004_defaults():
+def test_framework_api_defaults():
     """The framework API's fields have their defaults, but for a fixed reference."""
     c = GRPOConfig()
     assert (c.group_size, c.batch_size, c.num_epochs_per_update) == (4, 64, 4)

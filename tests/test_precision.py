@@ -109,7 +109,7 @@ def test_bf16_mixed_runs_matmuls_in_bfloat16_with_float32_gradients():
     """Under bf16-mixed a linear layer outputs bfloat16; its fp32 weight gets an fp32 gradient
     equal to the bf16 product's; fp32 changes nothing."""
     layer = torch.nn.Linear(4, 3)
-    x = torch.randn(2, 4)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
     with compute_precision("bf16-mixed", "cpu"):
         y = layer(x)
         assert compute_dtype(torch.float32, "cpu") == torch.bfloat16

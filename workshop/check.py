@@ -109,6 +109,8 @@ PARTS: tuple[Part, ...] = (
           "envs/test_chat_mask.py::test_mask_matches_full_rendering",
           "envs/test_chat_mask.py::test_sampled_ids_replace_retokenisation",
           "envs/test_chat_mask.py::test_rollout_tokens_uses_the_episode_ids",
+          "envs/test_chat_mask.py::test_template_tokens_after_the_sampled_end_of_turn_follow_unmasked",
+          "envs/test_chat_mask.py::test_a_turn_known_to_be_cut_gets_the_whole_closing",
           "envs/test_chat_mask.py::test_non_append_only_template_is_caught")),
     Part(6, "a reward parser", "part6_parsers",
          (Target("compose_parsers", "grpo.rewards.parsers", "compose_parsers"),),

@@ -163,7 +163,8 @@ def episode_batch(parts, tokenizer, rollouts):
     """Right-padded ids (N, L), their attention mask (N, L) and assistant mask (N, L)."""
     rows = [
         parts[5].tokenize_with_assistant_mask(
-            tokenizer, r.messages, action_token_ids=r.action_token_ids
+            tokenizer, r.messages, action_token_ids=r.action_token_ids,
+            action_truncated=r.action_truncated
         )
         for r in rollouts
     ]

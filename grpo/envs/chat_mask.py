@@ -20,9 +20,9 @@ so a misaligned mask is never returned. Departures from picoRL:
   they replace the template's re-tokenisation of those turns, so the sequence
   trained on holds exactly what was sampled even if re-tokenising the text
   would give other ids. What the template writes after a turn's end-of-turn token
-  (Qwen's newline after ``<|im_end|>``), or the whole closing of a turn the token
-  limit cut short, follows the sampled ids unmasked, as the next turn's prompt
-  held it when that turn was sampled.
+  (Qwen's newline after ``<|im_end|>``) follows the sampled ids unmasked, as the
+  next turn's prompt held it when that turn was sampled; after a turn known to be
+  cut by the token limit (`action_truncated`), the whole closing does.
 """
 
 from __future__ import annotations
@@ -106,6 +106,14 @@ def tokenize_with_assistant_mask(
             f"action_token_ids must hold one id list per assistant message, got "
             f"{len(action_token_ids)} for {num_assistant}"
         )
+    if action_truncated is not None and (
+        action_token_ids is None or len(action_truncated) != num_assistant
+    ):
+        raise ValueError(
+            "action_truncated must hold one flag per assistant message, with "
+            f"action_token_ids; got {len(action_truncated)} flags for {num_assistant} messages"
+            + ("" if action_token_ids is not None else " and no action_token_ids")
+        )
     input_ids: list[int] = []
     mask: list[bool] = []
     rendered: list[int] = []  # the template's tokens of messages[:i]
@@ -160,7 +168,8 @@ def _closing(
 
 def _overlap(sampled: list[int], closing: list[int]) -> int:
     """The length of the longest end of `sampled` that begins `closing` (the end-of-turn
-    token the model sampled itself): 0 for a turn the token limit cut short."""
+    token the model sampled itself); usually 0 for a turn the token limit cut short, which
+    `action_truncated` makes sure of."""
     for k in range(min(len(sampled), len(closing)), 0, -1):
         if sampled[-k:] == closing[:k]:
             return k

@@ -339,4 +339,5 @@ def test_turns_cut_at_the_token_limit_are_masked_when_asked(model_path):
         assert int(scored.completion_mask.sum()) == counted
     output = PolicyAgent(policy, max_new_tokens=1)([[{"role": "user", "content": "guess"}]] * 4)
     eos = set(policy.eos_token_ids)
+    assert all(len(ids) == 1 for ids in output.token_ids)
     assert output.truncated == [ids[-1] not in eos for ids in output.token_ids]  # cut at 1

@@ -5,7 +5,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from grpo.envs.base import EpisodeRollout
-from grpo.envs.chat_mask import ChatTemplateError, rollout_tokens, tokenize_with_assistant_mask
+from grpo.envs.chat_mask import (
+    ChatTemplateError,
+    encode_chat,
+    rollout_tokens,
+    tokenize_with_assistant_mask,
+)
 
 WORDS = ["<pad>", "<eos>", "<user>", "<assistant>", "<end>", "guess", "a", "number", "higher",
          "lower", "correct", "8", "12", "11", "<system>", "play"]  # fmt: skip
@@ -147,10 +152,19 @@ def test_a_turn_known_to_be_cut_gets_the_whole_closing():
     known = tokenize_with_assistant_mask(
         tokenizer, conversation, action_token_ids=sampled, action_truncated=[True]
     )
-    assert known.input_ids == tokenizer.apply_chat_template(
-        conversation, tokenize=True, return_dict=False
-    )
+    assert known.input_ids == encode_chat(tokenizer, conversation)
     assert known.input_ids[-4:] == [11, 15, 15, 4] and known.assistant_mask[-4:] == [
         True, True, False, False]  # fmt: skip
     unknown = tokenize_with_assistant_mask(tokenizer, conversation, action_token_ids=sampled)
     assert unknown.input_ids[-3:] == [11, 15, 4]
+
+
+def test_truncation_flags_must_match_the_turns():
+    """One truncation flag per assistant message, and only beside the sampled ids."""
+    tokenizer = make_tokenizer(APPEND_ONLY)
+    with pytest.raises(ValueError, match="one flag per assistant message.*got 1 flags for 2"):
+        tokenize_with_assistant_mask(
+            tokenizer, CONVERSATION, action_token_ids=[[11], [12]], action_truncated=[True]
+        )
+    with pytest.raises(ValueError, match="and no action_token_ids"):
+        tokenize_with_assistant_mask(tokenizer, CONVERSATION, action_truncated=[True, False])

@@ -80,7 +80,7 @@ _VLLM = "a vLLM engine: imported by the engine table, runs only when rollout.eng
 OUTSIDE_THE_NUMBERS = {
     **{f"grpo/lm/engines/{name}.py": _VLLM for name in (
         "vllm", "vllm_build", "vllm_client", "vllm_connect", "vllm_cpu", "vllm_publish",
-        "vllm_requests", "vllm_server", "vllm_worker")},
+        "vllm_requests", "vllm_server", "vllm_sharing", "vllm_worker")},
     "grpo/licence.py": "carries a model folder's licence files into the folders saved from it",
     "grpo/run/plots.py": "draws the run's figures from its logged metrics, after them",
 }  # fmt: skip

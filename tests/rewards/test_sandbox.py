@@ -12,12 +12,11 @@ import time
 
 import pytest
 
+from grpo.rewards.code_reward import code_execution_reward, extract_code
 from grpo.rewards.sandbox import (
     SandboxConfig,
     SandboxResult,
     _kill_group,
-    code_execution_reward,
-    extract_code,
     network_namespace_available,
     run_code,
 )

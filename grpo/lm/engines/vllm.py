@@ -80,10 +80,10 @@ from grpo.lm.engines.vllm_requests import (
     request_seeds,
     sampling_params_kwargs,
 )
+from grpo.lm.engines.vllm_sharing import choose_sharing, expects_sharing, match_names
 from grpo.lm.engines.weights import (
     copy_problems,
     expected_rows,
-    map_parameters,
     parameter_fingerprints,
     parameter_layout,
     share_parameters,
@@ -107,33 +107,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SLEEP_LEVEL = 2  # a copy is discarded while asleep (the next sync rewrites it), not backed up
-
-
-def choose_sharing(weight_sync: str, lora: bool, problems: list[str]) -> bool:
-    """True = share storage, False = copy; raises when "shared" was asked and cannot be."""
-    if weight_sync == "shared" and lora:
-        raise ValueError(
-            "vllm.weight_sync: got 'shared' with a LoRA model, whose vLLM weights must be "
-            "W + BA (a copy); allowed here: 'auto' or 'load_weights'"
-        )
-    if weight_sync == "shared" and problems:
-        raise ValueError(
-            "vllm.weight_sync: got 'shared' but vLLM cannot compute with the trainer's "
-            f"tensors ({'; '.join(problems[:3])}); allowed here: 'auto' or 'load_weights'"
-        )
-    return weight_sync != "load_weights" and not lora and not problems
-
-
-def expects_sharing(settings: VLLMSettings, model: nn.Module, dtype: torch.dtype) -> bool:
-    """Whether the engine will share the trainer's tensors, as far as is known before building
-    it (names and shapes are compared after): decides whether vLLM gets sleep mode."""
-    first = next(model.parameters())
-    return (
-        settings.weight_sync != "load_weights"
-        and not is_peft_model(model)
-        and first.dtype == dtype
-        and first.device.type == "cuda"
-    )
 
 
 class VLLMEngine:
@@ -162,9 +135,10 @@ class VLLMEngine:
         """The trainer's weights as vLLM last got them (`loaded.loads`: how many times)."""
         trainer_dtype = next(model.parameters()).dtype
         self.dtype = trainer_dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
-        base = model.get_base_model() if is_peft_model(model) else model
+        self.config = (model.get_base_model() if is_peft_model(model) else model).config
+        """The trainer's model configuration (its base model's, under LoRA)."""
         self.context: int | None = settings.max_model_len or getattr(
-            base.config, "max_position_embeddings", None
+            self.config, "max_position_embeddings", None
         )
         """The longest prompt + completion vLLM plans for (its max_model_len)."""
         self.sleeps = (
@@ -182,7 +156,7 @@ class VLLMEngine:
             self._awake = True
             self.weights = trainer_weights(model)
             if self.on_cpu:
-                self._init_cpu(model)
+                self._init_cpu()
             else:
                 self._init_gpu(model, settings)
             self.sync()
@@ -215,12 +189,11 @@ class VLLMEngine:
             log.info("vLLM is to share the trainer's weights: no sleep mode, the KV cache stays")
         return args
 
-    def _init_cpu(self, model: nn.Module) -> None:
-        config = (model.get_base_model() if is_peft_model(model) else model).config
+    def _init_cpu(self) -> None:
         self.mapping: dict[str, tuple[str, ...]] = {}
         self.shared = False
         self.sharing_problems = ["vLLM's CPU backend packs its weights (no tensor to share)"]
-        self.probe = probe_ids(config.vocab_size, self.context)
+        self.probe = probe_ids(self.config.vocab_size, self.context)
         self.probe_gap: float | None = None
         """Largest |trainer - vLLM| log-prob on the probe at the last check."""
         self.probe_previous: torch.Tensor | None = None
@@ -229,7 +202,7 @@ class VLLMEngine:
 
     def _init_gpu(self, model: nn.Module, settings: VLLMSettings) -> None:
         engine_params = self._call(lambda m: dict(m.named_parameters(remove_duplicate=False)))
-        self.mapping = _match_names(engine_params, self.weights, settings)
+        self.mapping = match_names(engine_params, self.weights, settings)
         lora = is_peft_model(model)
         problems = [] if lora else sharing_problems(engine_params, self.weights, self.mapping)
         self.shared = choose_sharing(settings.weight_sync, lora, problems)
@@ -400,18 +373,3 @@ class VLLMEngine:
         if self.sleeps and self._awake:
             self._open().sleep(level=SLEEP_LEVEL)
             self._awake = False
-
-
-def _match_names(
-    engine_params: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], settings: VLLMSettings
-) -> dict[str, tuple[str, ...]]:
-    """vLLM name -> trainer names; {} when nothing needs them (unchecked copies)."""
-    if settings.weight_sync == "load_weights" and not settings.check_weights:
-        return {}  # vLLM's load_weights maps checkpoint names itself
-    try:
-        return map_parameters(engine_params, weights)
-    except ValueError as error:
-        raise ValueError(
-            f"{error}. To copy weights without matching names (and without checks), set "
-            "vllm.weight_sync: load_weights and vllm.check_weights: false"
-        ) from error

@@ -21,13 +21,13 @@ from grpo.config import GRPOConfig
 from grpo.lm.engines import RolloutSettings, VLLMSettings
 from grpo.lm.engines.vllm import (
     VLLMEngine,
-    _match_names,
     parse_outputs,
     request_seeds,
     sampling_params_kwargs,
 )
 from grpo.lm.engines.vllm_build import write_model_folder
 from grpo.lm.engines.vllm_requests import check_room
+from grpo.lm.engines.vllm_sharing import match_names
 from grpo.lm.loading import LoraSettings, apply_lora
 from grpo.lm.policy import CausalLMPolicy, CausalLMSettings
 from grpo.lm.sampling import GenerationSettings
@@ -122,10 +122,10 @@ def test_unmatched_names_say_how_to_copy_unchecked():
     engine = {"model.layers.0.mlp.fused_w13.weight": torch.zeros(2)}
     trainer = {"model.layers.0.mlp.up_proj.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match="fused_w13.weight has no trainer counterpart") as info:
-        _match_names(engine, trainer, VLLMSettings())
+        match_names(engine, trainer, VLLMSettings())
     assert "vllm.weight_sync: load_weights and vllm.check_weights: false" in str(info.value)
     unchecked = VLLMSettings(weight_sync="load_weights", check_weights=False)
-    assert _match_names(engine, trainer, unchecked) == {}
+    assert match_names(engine, trainer, unchecked) == {}
 
 
 def _closable_engine(asleep: bool):

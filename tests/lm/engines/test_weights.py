@@ -14,7 +14,7 @@ from tiny_models import load_tiny_causal_lm
 from torch import nn
 
 from grpo.lm.engines import weights as W
-from grpo.lm.engines.vllm import choose_sharing
+from grpo.lm.engines.vllm_sharing import choose_sharing
 from grpo.lm.loading import LoraSettings, apply_lora
 
 

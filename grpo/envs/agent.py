@@ -82,18 +82,7 @@ class EpisodePolicy:
         for name in ("generate_actions", "get_token_log_probabilities", "encode_states"):
             if not callable(getattr(policy, name, None)):
                 raise TypeError(f"policy must have {name}, got {type(policy).__name__}")
-        generation = getattr(getattr(policy, "settings", None), "generation", None)
-        reshaped = sorted(
-            name for name in set(generation_overrides) & set(_SCORED_AS_SAMPLED)
-            if generation is None or generation_overrides[name] != getattr(generation, name)
-        )  # fmt: skip
-        if reshaped:
-            raise ValueError(
-                f"EpisodePolicy: {', '.join(reshaped)} would sample the episodes from another "
-                "distribution than the one they are scored under; set them in the policy's "
-                "settings.generation, which sampling and scoring share"
-            )
-        _check_scored_as_sampled(policy, scoring)
+        _check_scored_as_sampled(policy, scoring, generation_overrides)
         self.policy = policy
         self.make_env = make_env
         self.max_turns = max_turns
@@ -201,12 +190,24 @@ class EpisodePolicy:
 _SCORED_AS_SAMPLED = ("temperature", "top_k", "top_p", "do_sample")  # scoring would miss them
 
 
-def _check_scored_as_sampled(policy: Any, scoring: str) -> None:
-    """Refuse a policy whose episodes would need importance weights, which episode training
-    does not carry: top-k / top-p sampling, or truncated importance sampling (`tis_cap`) for
-    an engine that samples otherwise than the trainer scores."""
+def _check_scored_as_sampled(policy: Any, scoring: str, overrides: dict[str, Any]) -> None:
+    """Refuse episodes that would be scored under another distribution than they were
+    sampled from: sampling `overrides` that differ from the policy's own, or a policy whose
+    episodes would need importance weights, which episode training does not carry (top-k /
+    top-p sampling, truncated importance sampling (`tis_cap`) for an engine that samples
+    otherwise than the trainer scores)."""
     settings = getattr(policy, "settings", None)
     generation = getattr(settings, "generation", None)
+    reshaped = sorted(
+        name for name in set(overrides) & set(_SCORED_AS_SAMPLED)
+        if generation is None or overrides[name] != getattr(generation, name)
+    )  # fmt: skip
+    if reshaped:
+        raise ValueError(
+            f"EpisodePolicy: {', '.join(reshaped)} would sample the episodes from another "
+            "distribution than the one they are scored under; set them in the policy's "
+            "settings.generation, which sampling and scoring share"
+        )
     if getattr(generation, "truncates", False):
         raise ValueError(
             "EpisodePolicy: the policy samples with top_k or top_p, whose tokens the loss "

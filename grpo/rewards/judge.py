@@ -112,7 +112,8 @@ class JudgeReward:
         self.model.eval()  # dropout off, whatever the caller did to the module since
         scores = []
         for start in range(0, len(texts), self.batch_size):
-            inputs = self.encode(list(texts[start : start + self.batch_size]))
+            batch_texts = list(texts[start : start + self.batch_size])
+            inputs = self.encode(batch_texts)
             output = self._forward(inputs)
             logits = getattr(output, "logits", output)
             if not isinstance(logits, Tensor):
@@ -121,7 +122,7 @@ class JudgeReward:
                     "or an object with a .logits tensor"
                 )
             batch = READOUTS[self.readout](logits, self.label).cpu()
-            expected = min(self.batch_size, len(texts) - start)
+            expected = len(batch_texts)
             if batch.shape != (expected,):
                 raise ValueError(
                     f"readout {self.readout!r} of the judge's output (shape {tuple(logits.shape)}) "

@@ -7,9 +7,10 @@ does not apply).
 
 
 def correct(prompts, completions, answer, **columns):
-    """1 when the completion, stripped of spaces, is exactly the answer; else 0."""
+    """1 when the completion, stripped of spaces, is exactly the answer as written (a number
+    in the data, 152, is compared as "152"); else 0."""
     pairs = zip(completions, answer, strict=True)
-    return [1.0 if text.strip() == target else 0.0 for text, target in pairs]
+    return [1.0 if text.strip() == str(target) else 0.0 for text, target in pairs]
 
 
 def digits_only(prompts, completions, **columns):

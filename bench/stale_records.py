@@ -12,8 +12,8 @@ the way back from this machine:
 - `measure again here`: any other benchmark measured on this kind of CPU, by its command;
 - `measure again on its CPU`: a benchmark of another kind of CPU (its speed, or the bits its
   arithmetic gives), which no replay here can stand in for;
-- a comparison whose grpo side was read from runs (`--grpo-run`): the record of those runs
-  first, then the comparison's own command, on the CPU that measured it.
+- a record that read runs of `bench/train_seeds.py` (`--grpo-run`, `--after`): measured again by
+  its command, after the record of those runs, where that is stale too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records import RESULTS, stale  # noqa: E402
+from records import REPO, RESULTS, stale  # noqa: E402
 from verify_record import other_machine  # noqa: E402
 
 REPLAYED = ("bench/train_seeds.py", "bench/time_to_accuracy.py")
@@ -37,50 +37,68 @@ def covers(entry: str, path: str) -> bool:
     return path == entry or path.startswith(entry + "/")
 
 
+def touches(entry: str, changed: str) -> bool:
+    """Whether a change to `changed` (a file or a folder) changes the dependency `entry`."""
+    return covers(entry, changed) or covers(changed, entry)
+
+
+def from_repo(path: str) -> str:
+    """`path` relative to the repository's root, however it was given."""
+    full = Path(path).resolve()
+    return str(full.relative_to(REPO)) if full.is_relative_to(REPO) else path
+
+
 def read_from_runs(command: str) -> list[str]:
-    """The records whose runs a comparison read (`--grpo-run runs/bench/NAME/seed-S`)."""
-    args = shlex.split(command)
-    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--grpo-run"]
-    return sorted({Path(path).parent.name for path in paths})
+    """The run directories (or checkpoints) a record's command reads: its `runs/` arguments
+    (`--grpo-run runs/bench/NAME/seed-S`, `--after RUN_DIR/checkpoints/step-N`)."""
+    values = [arg.partition("=")[2] if arg.startswith("--") else arg
+              for arg in shlex.split(command)]  # fmt: skip
+    return [value for value in values if value.startswith("runs/")]
 
 
-def way_back(record: dict, elsewhere: bool) -> str:
-    """How `record` comes back from this machine; `elsewhere`: measured on another CPU."""
+def runs_record(path: str) -> str | None:
+    """The record of `bench/train_seeds.py` whose run `path` is (`runs/bench/NAME/...`)."""
+    parts = Path(path).parts
+    return parts[2] if len(parts) > 2 and parts[1] == "bench" else None
+
+
+def way_back(record: dict, elsewhere: bool, first: list[str] = ()) -> str:
+    """How `record` comes back from this machine; `elsewhere`: measured on another CPU;
+    `first`: stale records whose runs its command reads, to bring back before it."""
     command = record["command"]
     script = shlex.split(command)[1]
-    cpu = record["machine"]["cpu"]
-    if script == "bench/time_to_accuracy.py" and "--grpo-run" in command:
-        first = ", ".join(read_from_runs(command))
-        where = f"on {cpu}" if elsewhere else "here"
-        return f"verify {first} first, then measure again {where}: {command}"
-    if script in REPLAYED:
+    prefix = f"bring back {', '.join(first)} first, then " if first else ""
+    if script in REPLAYED and not read_from_runs(command):
         how = "replay both commits here" if elsewhere else "replay"
-        return f"{how}: python bench/verify_record.py {record['name']}"
-    if elsewhere:
-        return f"measure again on its CPU ({cpu}): {command}"
-    return f"measure again here: {command}"
+        return f"{prefix}{how}: python bench/verify_record.py {record['name']}"
+    where = f"on its CPU ({record['machine']['cpu']})" if elsewhere else "here"
+    return f"{prefix}measure again {where}: {command}"
 
 
 def report(changed: list[str] | None = None, folder: Path = RESULTS) -> list[dict]:
-    """The records stale now (`changed` None), or those a change to the `changed` files would
-    stale (every record depending on one of them, stale already or not): each with its
-    name, files, CPU and way back."""
-    rows = []
+    """The records stale now (`changed` None), or those a change to the `changed` files or
+    folders would stale (every record depending on one of them, stale already or not): each
+    with its name, files, CPU and way back."""
+    changed = None if changed is None else [from_repo(path) for path in changed]
+    found = []
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text())
         if changed is None:
             files = stale(record)
         else:
-            files = sorted(p for p in changed
-                           if any(covers(e, p) for e in record["depends_on_paths"]))  # fmt: skip
-        if not files:
-            continue
-        elsewhere = other_machine(record)
-        machine = record["machine"]
+            entries = record["depends_on_paths"]
+            files = sorted(p for p in changed if any(touches(e, p) for e in entries))
+        if files:
+            found.append((record, files))
+    names = {record["name"] for record, _ in found}
+    rows = []
+    for record, files in found:
+        elsewhere, machine = other_machine(record), record["machine"]
+        first = sorted({runs_record(path) for path in read_from_runs(record["command"])} & names)
         rows.append({
             "name": record["name"], "files": files, "elsewhere": elsewhere,
             "cpu": f"{machine['cpu']} ({', '.join(machine['flags']) or 'no listed flags'})",
-            "back": way_back(record, elsewhere),
+            "back": way_back(record, elsewhere, first),
         })  # fmt: skip
     return rows
 

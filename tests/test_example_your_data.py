@@ -37,12 +37,14 @@ def test_the_data_files_are_what_make_data_writes_and_held_out_rows_stay_out(tmp
 
 
 def test_the_reward_functions_score_by_hand():
-    """correct: the stripped completion is the answer; digits_only: a bare number."""
+    """correct: the stripped completion is the answer, as written also when the data hold it
+    as a number; digits_only: a bare number."""
     spec = importlib.util.spec_from_file_location("rewards", EXAMPLE / "rewards.py")
     rewards = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rewards)
     completions = [" 152", "152 apples", "15", "abc"]
     assert rewards.correct([], completions, ["152"] * 4) == [1.0, 0.0, 0.0, 0.0]
+    assert rewards.correct([], completions, [152] * 4) == [1.0, 0.0, 0.0, 0.0]
     assert rewards.digits_only([], completions) == [1.0, 0.0, 1.0, 0.0]
 
 

@@ -181,6 +181,7 @@ def rollout_tokens(
 ) -> ChatTokens:
     """`tokenize_with_assistant_mask` of an episode, with its sampled ids when it has them."""
     ids = rollout.action_token_ids if use_sampled_ids else None
-    cut = rollout.action_truncated if use_sampled_ids else None
-    known = {} if cut is None else {"action_truncated": cut}  # the flags, when the agent gave them
-    return tokenize_with_assistant_mask(tokenizer, rollout.messages, action_token_ids=ids, **known)
+    cut = rollout.action_truncated if use_sampled_ids else None  # None: the agent gave none
+    return tokenize_with_assistant_mask(
+        tokenizer, rollout.messages, action_token_ids=ids, action_truncated=cut
+    )

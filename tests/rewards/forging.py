@@ -14,13 +14,13 @@ RAN = ("ok", "")
 UNSIGNED = ("crashed", "exit status 0 without a signed report")
 
 
-def assert_forging_fails(code, stopped_by, tests=FAILING, **kwargs):
-    result = run_code(code, asserts=tests, config=CONFIG, **kwargs)
-    assert (result.passed, result.score) == (0, 0.0), result
-    assert (result.reason, result.detail) == stopped_by, result
+IO_PAIRS = [("3\n", "6\n"), ("5\n", "10\n")]  # stdin/stdout cases a doubling program passes
 
 
-def assert_io_forging_fails(code, stopped_by):
-    result = run_code(code, io_pairs=[("3\n", "6\n"), ("5\n", "10\n")], config=CONFIG)
+def assert_forging_fails(code, stopped_by, tests=FAILING, io_pairs=None):
+    """`code` scores 0 against `tests` (against `io_pairs` when given), stopped by the defence
+    `stopped_by` names."""
+    job = {"asserts": tests} if io_pairs is None else {"io_pairs": io_pairs}
+    result = run_code(code, config=CONFIG, **job)
     assert (result.passed, result.score) == (0, 0.0), result
     assert (result.reason, result.detail) == stopped_by, result

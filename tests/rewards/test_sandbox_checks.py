@@ -15,9 +15,8 @@ import pytest
 
 from grpo.rewards._sandbox_asserts import _make_encoder
 from grpo.rewards._sandbox_checks import Opaque, decode, parse_check
-from grpo.rewards.sandbox import SandboxConfig, run_code
-
-CONFIG = SandboxConfig(timeout_seconds=2.0, memory_mb=256, isolate_network=False)
+from grpo.rewards.sandbox import run_code
+from tests.rewards.forging import CONFIG
 
 
 def _assert_forging_fails(code, tests=("assert add(1, 2) == 3",)):

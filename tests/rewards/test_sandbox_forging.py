@@ -12,11 +12,11 @@ import pytest
 
 from tests.rewards.forging import (
     FAKE,
+    IO_PAIRS,
     RAN,
     UNSIGNED,
     WRONG_ADD,
     assert_forging_fails,
-    assert_io_forging_fails,
 )
 
 # Writes FAKE to every descriptor that might be the result channel, then leaves quietly.
@@ -264,4 +264,4 @@ def test_signal_handler_cannot_forge():
 def test_io_forging_does_not_pass(attack, stopped_by):
     """stdin/stdout programs cannot read the expected output, patch the comparison or fake the
     report: the parent compares the outputs itself."""
-    assert_io_forging_fails(attack, stopped_by)
+    assert_forging_fails(attack, stopped_by, io_pairs=IO_PAIRS)
